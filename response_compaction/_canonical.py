@@ -1,0 +1,205 @@
+"""Canonical JSON, digests and schema validation. Pure: no I/O, no event loop.
+
+The canonical form is msgspec JSON with every object's keys sorted, no whitespace, UTF-8.
+It is *not* RFC 8785 (numbers are msgspec's shortest round-trip form, strings are escaped
+the msgspec way). NaN and infinities are refused instead of being written as ``null``.
+
+Large values are encoded as a stream of pieces whose concatenation is byte-identical to a
+whole encoding: long sequences and string-keyed mappings are encoded in slices, and structs
+are encoded around placeholders for their container fields. Callers can hash and write each
+piece and yield to their event loop in between, so a 90 MB value never freezes it for long.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "DIGEST_PREFIX",
+    "PIECE_BYTES",
+    "canonical_bytes",
+    "decode_exact",
+    "digest_of",
+    "iter_canonical",
+    "to_exact_value",
+]
+
+DIGEST_PREFIX = "sha256:"
+#: Pieces aim at about this size: large enough to amortise per-call overhead, small enough
+#: that encoding one holds the GIL for a few milliseconds.
+PIECE_BYTES = 1 << 20
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
+_HOLE = re.compile(rb"\x00(\d+)\x00")
+# A float64 in msgpack is 0xcb + 8 big-endian bytes; NaN and +-inf have all exponent bits set.
+_NON_FINITE_MSGPACK = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]")
+_MSGPACK = msgspec.msgpack.Encoder()
+_FIRST_SLICE = 16
+
+
+def to_exact_value(response: Any, schema: Any) -> Any:
+    """Turn what the caller handed us into a value of ``schema``.
+
+    ``msgspec.Raw`` is decoded as JSON against the schema; an instance of a struct schema is
+    taken as it is (it is validated later through its canonical bytes); anything else is
+    converted from builtins. Raises ``ValueError`` with msgspec's message when it does not fit.
+    """
+    try:
+        if isinstance(response, msgspec.Raw):
+            return _decoder(schema).decode(response)
+        if isinstance(schema, type) and isinstance(response, schema):
+            return response
+        return msgspec.convert(response, schema)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ValueError(f"exact_response does not validate against exact_schema: {exc}") from None
+
+
+def decode_exact(data: bytes | memoryview, schema: Any) -> Any:
+    """Decode canonical bytes against ``schema``; ``ValueError`` with msgspec's message if not."""
+    try:
+        return _decoder(schema).decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+@functools.lru_cache(maxsize=256)
+def _decoder(schema: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(schema)
+
+
+def digest_of(data: bytes | memoryview) -> str:
+    """``"sha256:" + hex`` of ``data``."""
+    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The whole canonical encoding of ``value`` at once (for small values)."""
+    return b"".join(iter_canonical(value))
+
+
+def iter_canonical(value: Any, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes | memoryview]:
+    """Yield the canonical encoding of ``value`` in pieces of roughly ``piece_bytes``.
+
+    The concatenation of the pieces equals ``msgspec.json.encode(value, order="sorted")``
+    exactly. Raises ``ValueError`` for NaN or infinity anywhere in the value.
+    """
+    if isinstance(value, list | tuple) and len(value) > 1:
+        yield from _sequence_pieces(value, piece_bytes)
+    elif isinstance(value, dict) and len(value) > 1 and all(type(k) is str for k in value):
+        yield from _mapping_pieces(value, piece_bytes)
+    elif isinstance(value, msgspec.Struct) and not value.__struct_config__.omit_defaults:
+        yield from _struct_pieces(value, piece_bytes)
+    else:
+        yield _encode(value)
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(value, list | tuple | dict | msgspec.Struct)
+
+
+def _sequence_pieces(
+    seq: list[Any] | tuple[Any, ...], piece_bytes: int
+) -> Iterator[bytes | memoryview]:
+    yield b"["
+    start, step, count = 0, _FIRST_SLICE, len(seq)
+    while start < count:
+        if start:
+            yield b","
+        if step == 1 and _is_container(seq[start]):
+            # One element alone is already too big for a piece: descend into it.
+            yield from iter_canonical(seq[start], piece_bytes)
+            start += 1
+            continue
+        chunk = seq[start : start + step]
+        body = _encode(chunk)
+        yield memoryview(body)[1:-1]
+        start += len(chunk)
+        step = _next_step(step, len(body), piece_bytes)
+    yield b"]"
+
+
+def _mapping_pieces(mapping: dict[str, Any], piece_bytes: int) -> Iterator[bytes | memoryview]:
+    # msgspec sorts str keys by code point, which is what sorted() does, so sorted slices
+    # concatenate into the same order a whole encoding uses.
+    keys = sorted(mapping)
+    yield b"{"
+    start, step, count = 0, _FIRST_SLICE, len(keys)
+    while start < count:
+        if start:
+            yield b","
+        if step == 1 and _is_container(mapping[keys[start]]):
+            yield _encode(keys[start])
+            yield b":"
+            yield from iter_canonical(mapping[keys[start]], piece_bytes)
+            start += 1
+            continue
+        chunk_keys = keys[start : start + step]
+        body = _encode({k: mapping[k] for k in chunk_keys})
+        yield memoryview(body)[1:-1]
+        start += len(chunk_keys)
+        step = _next_step(step, len(body), piece_bytes)
+    yield b"}"
+
+
+def _struct_pieces(value: msgspec.Struct, piece_bytes: int) -> Iterator[bytes | memoryview]:
+    holes: dict[str, Any] = {}
+    for name in value.__struct_fields__:
+        field = getattr(value, name)
+        if _is_container(field) and not isinstance(field, msgspec.Raw):
+            holes[name] = field
+    if not holes:
+        yield _encode(value)
+        return
+    names = list(holes)
+    placeholders = {name: msgspec.Raw(b"\x00%d\x00" % i) for i, name in enumerate(names)}
+    skeleton = _encode(msgspec.structs.replace(value, **placeholders))
+    parts = _HOLE.split(skeleton)
+    # split() alternates text and captured hole numbers: text, n, text, n, ..., text.
+    if len(parts) != 2 * len(names) + 1:
+        yield _encode(value)
+        return
+    for i in range(0, len(parts) - 1, 2):
+        if parts[i]:
+            yield parts[i]
+        yield from iter_canonical(holes[names[int(parts[i + 1])]], piece_bytes)
+    if parts[-1]:
+        yield parts[-1]
+
+
+def _next_step(step: int, body_bytes: int, piece_bytes: int) -> int:
+    per_item = max(body_bytes / step, 1.0)
+    return max(1, min(step * 4, int(piece_bytes / per_item)))
+
+
+def _encode(value: Any) -> bytes:
+    data = _ENCODER.encode(value)
+    if b"null" in data:
+        _refuse_non_finite(value)
+    return data
+
+
+def _refuse_non_finite(value: Any) -> None:
+    # msgspec writes NaN and infinities as null. A null in the output is usually a real None;
+    # a msgpack scan (floats stay floats there) tells the two apart cheaply, and only a
+    # suspicious scan pays for a walk of the value.
+    if _NON_FINITE_MSGPACK.search(_MSGPACK.encode(value)) is None:
+        return
+    stack: list[Any] = [msgspec.to_builtins(value)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(
+                    "exact_response contains NaN or infinity, which canonical JSON refuses"
+                )
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)

@@ -1,0 +1,37 @@
+"""The exceptions this library raises.
+
+Each one subclasses the builtin whose meaning it carries, so ``except OSError`` and
+``except ValueError`` keep working for callers who never import these names::
+
+    OSError
+     └── StoreError                  the exact value could not be retained or read
+          └── UnsafeStoreError       the store's root is not safe to use (symlink, owner, mode)
+    ValueError
+     └── SchemaError                 a summary schema strict structured output cannot express
+
+Bad options and exact values that do not validate raise plain ``ValueError``; an unknown
+ladder raises plain ``LookupError``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SchemaError", "StoreError", "UnsafeStoreError"]
+
+
+class StoreError(OSError):
+    """The exact value could not be retained; nothing half-written is visible."""
+
+
+class UnsafeStoreError(StoreError):
+    """The store directory is a symlink, owned by someone else, or writable by others."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.args[0]}: {self.path}"
+
+
+class SchemaError(ValueError):
+    """The summary schema cannot be expressed as a strict JSON schema."""

@@ -1,0 +1,128 @@
+"""The per-backend seam: how bytes reach the disk without blocking the event loop.
+
+aiofiles drives files on asyncio (it runs on the loop's executor and cannot run under trio,
+aiofiles issue #96); under trio the same calls go through anyio's file API and worker
+threads. Everything above this module (the atomic-write algorithm, the index, eviction) is
+written once against :class:`FileBackend`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, TypeVar
+
+import aiofiles
+import aiofiles.os
+import anyio
+import anyio.to_thread
+import sniffio
+
+__all__ = ["AsyncBinaryFile", "FileBackend", "Opener", "current_backend"]
+
+T = TypeVar("T")
+Opener = Callable[[str, int], int]
+Mode = Literal["rb", "xb"]
+
+
+class AsyncBinaryFile(Protocol):
+    """An unbuffered binary file whose blocking calls run off the event loop."""
+
+    async def write(self, data: bytes | memoryview, /) -> int:
+        """Write some of ``data`` and return how many bytes went out (may be short)."""
+
+    async def read(self, size: int = -1, /) -> bytes:
+        """Read up to ``size`` bytes (all of them when -1)."""
+
+    async def close(self) -> None:
+        """Close the file."""
+
+    def fileno(self) -> int:
+        """The OS file descriptor."""
+
+
+class FileBackend(Protocol):
+    """The two things the store needs from an async library: files and worker threads."""
+
+    name: str
+
+    async def open(self, path: str, mode: Mode, opener: Opener) -> AsyncBinaryFile:
+        """Open ``path`` unbuffered through ``opener`` (which adds dir_fd and O_NOFOLLOW)."""
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking ``fn(*args)`` in a worker thread."""
+
+
+class _AiofilesFile:
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    async def write(self, data: bytes | memoryview, /) -> int:
+        written: int = await self._file.write(data)
+        return written
+
+    async def read(self, size: int = -1, /) -> bytes:
+        data: bytes = await self._file.read(size)
+        return data
+
+    async def close(self) -> None:
+        await self._file.close()
+
+    def fileno(self) -> int:
+        fd: int = self._file.fileno()
+        return fd
+
+
+class AiofilesBackend:
+    """asyncio: aiofiles for files, the loop's default executor for other blocking calls."""
+
+    name = "asyncio"
+
+    async def open(self, path: str, mode: Mode, opener: Opener) -> AsyncBinaryFile:
+        file = await aiofiles.open(path, mode, buffering=0, opener=opener)
+        return _AiofilesFile(file)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        wrapped = aiofiles.os.wrap(functools.partial(fn, *args))
+        result: T = await wrapped()
+        return result
+
+
+class _AnyioFile:
+    def __init__(self, file: anyio.AsyncFile[bytes]) -> None:
+        self._file = file
+
+    async def write(self, data: bytes | memoryview, /) -> int:
+        written: int = await self._file.write(data)
+        return written
+
+    async def read(self, size: int = -1, /) -> bytes:
+        return await self._file.read(size)
+
+    async def close(self) -> None:
+        await self._file.aclose()
+
+    def fileno(self) -> int:
+        return self._file.wrapped.fileno()
+
+
+class AnyioBackend:
+    """Any other anyio backend (trio): anyio's file API and worker threads."""
+
+    name = "anyio"
+
+    async def open(self, path: str, mode: Mode, opener: Opener) -> AsyncBinaryFile:
+        file = await anyio.open_file(path, mode, buffering=0, opener=opener)
+        return _AnyioFile(file)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+
+
+_AIOFILES = AiofilesBackend()
+_ANYIO = AnyioBackend()
+
+
+def current_backend() -> FileBackend:
+    """The seam for the async library running this task."""
+    return _AIOFILES if sniffio.current_async_library() == "asyncio" else _ANYIO

@@ -1,0 +1,162 @@
+"""Public value types: outputs, read results, receipts and options. Pure data, no I/O."""
+
+from __future__ import annotations
+
+from typing import Annotated, Generic, Literal, TypeAlias, TypeVar
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+__all__ = [
+    "Attempt",
+    "Broken",
+    "Compacted",
+    "CompactionOptions",
+    "ExactOutput",
+    "FallbackOutput",
+    "Found",
+    "Missing",
+    "ReadResult",
+    "Receipt",
+    "SummarizedOutput",
+]
+
+E = TypeVar("E")
+S = TypeVar("S")
+
+FallbackReason: TypeAlias = Literal["timeout", "invalid", "refused", "truncated", "error", "no_llm"]
+AttemptOutcome: TypeAlias = Literal["ok", "timeout", "error", "refused", "truncated", "invalid"]
+
+
+class ExactOutput(Struct, Generic[E], frozen=True, kw_only=True, tag_field="kind", tag="exact"):
+    """The response was small enough: ``value`` is the validated exact value."""
+
+    value: E
+
+    @property
+    def kind(self) -> Literal["exact"]:
+        """Always ``"exact"``."""
+        return "exact"
+
+
+class SummarizedOutput(
+    Struct, Generic[S], frozen=True, kw_only=True, tag_field="kind", tag="summarized"
+):
+    """``value`` is a model summary that validated against the summary schema."""
+
+    value: S
+
+    @property
+    def kind(self) -> Literal["summarized"]:
+        """Always ``"summarized"``."""
+        return "summarized"
+
+
+class FallbackOutput(
+    Struct, Generic[S], frozen=True, kw_only=True, tag_field="kind", tag="fallback"
+):
+    """No valid summary arrived: ``value`` is the caller's fallback, unchanged."""
+
+    value: S
+
+    @property
+    def kind(self) -> Literal["fallback"]:
+        """Always ``"fallback"``."""
+        return "fallback"
+
+
+class Found(Struct, Generic[E], frozen=True, kw_only=True, tag_field="state", tag="found"):
+    """The exact value is present, unexpired, digest-matching and schema-valid."""
+
+    value: E
+
+    @property
+    def state(self) -> Literal["found"]:
+        """Always ``"found"``."""
+        return "found"
+
+
+class Missing(Struct, frozen=True, kw_only=True, tag_field="state", tag="missing"):
+    """Never stored, expired, or evicted. Never an empty success."""
+
+    @property
+    def state(self) -> Literal["missing"]:
+        """Always ``"missing"``."""
+        return "missing"
+
+
+class Broken(Struct, frozen=True, kw_only=True, tag_field="state", tag="broken"):
+    """A malformed reference, bytes that do not match the digest, or invalid content."""
+
+    detail: str
+
+    @property
+    def state(self) -> Literal["broken"]:
+        """Always ``"broken"``."""
+        return "broken"
+
+
+ReadResult: TypeAlias = Found[E] | Missing | Broken
+
+
+class Attempt(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One rung of the ladder tried once: which route, how it ended, how long, what it cost.
+
+    ``input_tokens`` and ``output_tokens`` are what the provider reported; a reported 0 is
+    kept and a count that was not reported is ``UNSET`` (omitted when encoded), never 0.
+    """
+
+    route: str
+    outcome: AttemptOutcome
+    elapsed_ms: int
+    input_tokens: int | UnsetType = UNSET
+    output_tokens: int | UnsetType = UNSET
+
+
+class Receipt(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What happened, without any response or summary content.
+
+    Fields that do not apply are ``UNSET`` and omitted when encoded. ``shown_bytes`` is how
+    many bytes of the canonical exact JSON the model was shown (the prompt is bounded).
+    """
+
+    exact_ref: str
+    exact_digest: str
+    exact_bytes: int
+    exact_cache: Literal["stored", "reused"]
+    summary_cache: Literal["not_needed", "hit", "stored", "none"]
+    summary_digest: str | UnsetType = UNSET
+    summary_bytes: int | UnsetType = UNSET
+    ladder: str | UnsetType = UNSET
+    route: str | UnsetType = UNSET
+    attempts: tuple[Attempt, ...] | UnsetType = UNSET
+    fallback_reason: FallbackReason | UnsetType = UNSET
+    shown_bytes: int | UnsetType = UNSET
+    input_tokens: int | UnsetType = UNSET
+    output_tokens: int | UnsetType = UNSET
+    elapsed_ms: int = 0
+
+
+class Compacted(Struct, Generic[E, S], frozen=True, kw_only=True):
+    """The result of ``response_compact``: what to hand the agent, and the receipt."""
+
+    output: ExactOutput[E] | SummarizedOutput[S] | FallbackOutput[S]
+    receipt: Receipt
+
+
+class CompactionOptions(Struct, Generic[S], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How to compact. A mapping with the same keys is accepted wherever this is.
+
+    ``fallback`` (a value of the summary schema) and ``ladder`` (a catalog ladder name) are
+    required. ``shown_bytes`` bounds how much of the canonical exact JSON goes into the
+    prompt; the cut is marked in the prompt and is part of the summary cache identity.
+    """
+
+    fallback: S
+    ladder: str
+    summarize_above_bytes: Annotated[int, Meta(ge=0)] = 32000
+    instructions: str = ""
+    timeout_ms: Annotated[int, Meta(ge=1, le=600_000)] = 20000
+    ttl_seconds: Annotated[int, Meta(ge=1)] = 86400
+    max_entries: Annotated[int, Meta(ge=1)] = 256
+    token_bound: Annotated[int, Meta(ge=1, le=1_000_000)] = 1024
+    shown_bytes: Annotated[int, Meta(ge=1024, le=16_000_000)] = 96_000

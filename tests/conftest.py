@@ -1,0 +1,43 @@
+"""Shared fixtures: both anyio backends for every async test, a harness on a tmp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import response_compaction as rc
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Every ``@pytest.mark.anyio`` test runs once on asyncio and once on trio."""
+    return str(request.param)
+
+
+class FakeClock:
+    """A wall clock the test moves by hand (seconds since the epoch)."""
+
+    def __init__(self, now: float = 1_900_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, clock: FakeClock) -> rc.LocalWorkspace:
+    return rc.LocalWorkspace(tmp_path / "ws", clock=clock)
+
+
+@pytest.fixture
+def harness(workspace: rc.LocalWorkspace) -> rc.Harness:
+    return rc.Harness(fs=workspace, llm=None)

@@ -1,0 +1,22 @@
+"""The shortest path through the library: small value in, exact value out, read back."""
+
+from __future__ import annotations
+
+import pytest
+
+import response_compaction as rc
+from tests.schemas import FALLBACK, Exact, Row, Summary
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_small_response_comes_back_exact_and_reads_back(harness: rc.Harness) -> None:
+    """A response under the threshold is handed back as is, and its reference reads Found."""
+    value = Exact(rows=[Row(id=1, name="a")], total=1)
+    compacted = await rc.response_compact(
+        harness, value, Exact, Summary, {"fallback": FALLBACK, "ladder": "cheap"}
+    )
+    assert compacted.output.kind == "exact"
+    assert compacted.output.value == value
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    assert read == rc.Found(value=value)
