@@ -124,6 +124,7 @@ class Receipt(Struct, frozen=True, kw_only=True, omit_defaults=True):
     exact_bytes: int
     exact_cache: Literal["stored", "reused"]
     summary_cache: Literal["not_needed", "hit", "stored", "none"]
+    elapsed_ms: int
     summary_digest: str | UnsetType = UNSET
     summary_bytes: int | UnsetType = UNSET
     ladder: str | UnsetType = UNSET
@@ -133,7 +134,6 @@ class Receipt(Struct, frozen=True, kw_only=True, omit_defaults=True):
     shown_bytes: int | UnsetType = UNSET
     input_tokens: int | UnsetType = UNSET
     output_tokens: int | UnsetType = UNSET
-    elapsed_ms: int = 0
 
 
 class Compacted(Struct, Generic[E, S], frozen=True, kw_only=True):
