@@ -185,13 +185,20 @@ def _encode(value: Any) -> bytes:
     return data
 
 
+def _raw_holds_no_float(obj: Any) -> None:
+    # A Raw field is JSON text already; JSON has no NaN or infinity, so there is nothing to walk.
+    if isinstance(obj, msgspec.Raw):
+        return
+    raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
+
+
 def _refuse_non_finite(value: Any) -> None:
     # msgspec writes NaN and infinities as null. A null in the output is usually a real None;
     # a msgpack scan (floats stay floats there) tells the two apart cheaply, and only a
     # suspicious scan pays for a walk of the value.
     if _NON_FINITE_MSGPACK.search(_MSGPACK.encode(value)) is None:
         return
-    stack: list[Any] = [msgspec.to_builtins(value)]
+    stack: list[Any] = [msgspec.to_builtins(value, enc_hook=_raw_holds_no_float)]
     while stack:
         item = stack.pop()
         if isinstance(item, float):

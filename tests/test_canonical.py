@@ -1,0 +1,331 @@
+"""Canonical JSON: golden bytes, chunked encoding, accepted inputs, refused inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import response_compaction as rc
+from response_compaction._canonical import canonical_bytes, iter_canonical, to_exact_value
+from tests._store_support import (
+    HYPOTHESIS,
+    canonical,
+    compact,
+    entry_files,
+    entry_path,
+    hex_of,
+    index_rows,
+    store_root,
+    temp_files,
+)
+from tests.schemas import Exact, Row, big_exact
+
+pytestmark = pytest.mark.anyio
+
+
+class Inner(msgspec.Struct):
+    b: str
+    a: int
+
+
+class Outer(msgspec.Struct):
+    zeta: list[Inner]
+    alpha: dict[str, float]
+    mid: None = None
+
+
+# ----------------------------------------------------------------------------- golden vectors
+
+GOLDEN: list[tuple[str, Any, bytes, str]] = [
+    (
+        "dict key order (code points, case, non-ASCII)",
+        {"b": 1, "a": [True, None], "A": {"z": 1.5, "é": "x"}},
+        b'{"A":{"z":1.5,"\xc3\xa9":"x"},"a":[true,null],"b":1}',
+        "54ae0ae912fce371d76f2a42a6d28ec4341e1c20f2430aa958c4be536f6a8fcc",
+    ),
+    (
+        "unicode and escapes",
+        'q" b\\ c\x01 \x7f \u2028 é ☃ 😀 \t\n',
+        b'"q\\" b\\\\ c\\u0001 \x7f \xe2\x80\xa8 \xc3\xa9 \xe2\x98\x83 \xf0\x9f\x98\x80 \\t\\n"',
+        "ca2533277524a64ef85f4480c7dc1a61c4ed1142b708d771f72cc494fa1458cf",
+    ),
+    (
+        "floats (shortest round trip, signed zero, extremes)",
+        [0.1, 1e16, 1.0, -0.0, 1.5e-7, 5e-324, 1.7976931348623157e308],
+        b"[0.1,1e16,1.0,-0.0,1.5e-7,5e-324,1.7976931348623157e308]",
+        "87c6a307259b2884b3953f4721ee5fc9a6b74403dc3f9c973a53fcf055772165",
+    ),
+    (
+        "nested structs, fields sorted by name",
+        Outer(zeta=[Inner(b="x", a=1)], alpha={"b": 0.5, "a": -1e-7}),
+        b'{"alpha":{"a":-1e-7,"b":0.5},"mid":null,"zeta":[{"a":1,"b":"x"}]}',
+        "b2550d06950e67609000e31d6fe4b7016a92d9723fdbdd2952962492361aaff4",
+    ),
+    (
+        "schema struct with defaults written out",
+        Exact(rows=[Row(id=1, name="a")], total=1),
+        b'{"rows":[{"id":1,"name":"a","score":null,"tags":[]}],"total":1}',
+        "03d1791319a65e3e28fff0fae5b82fd9f34e88f39de2f734ce82f6955bcf0b20",
+    ),
+    (
+        "astral keys sort after the BMP",
+        {"\U0001f600": 1, "\uffff": 2, "a": 3, "Z": 0},
+        b'{"Z":0,"a":3,"\xef\xbf\xbf":2,"\xf0\x9f\x98\x80":1}',
+        "3de9d270786f19513c2f0cfe8cfe3da0acf0dbc819b4b6189ba73db141949329",
+    ),
+    (
+        "integers at the 64-bit edges",
+        [9223372036854775807, -9223372036854775808, 0, 18446744073709551615],
+        b"[9223372036854775807,-9223372036854775808,0,18446744073709551615]",
+        "43386e018d7d1de9bb7a7e147c88fc3a6298130ccd619e3b741453af041cc60a",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected", "sha"), [g[1:] for g in GOLDEN], ids=[g[0] for g in GOLDEN]
+)
+@pytest.mark.parametrize("piece_bytes", [1, 64, 1 << 20])
+def test_golden_vectors(value: Any, expected: bytes, sha: str, piece_bytes: int) -> None:
+    """The canonical bytes (whole and chunked) and their sha256 equal hard-coded vectors."""
+    data = b"".join(bytes(p) for p in iter_canonical(value, piece_bytes))
+    assert data == expected
+    assert canonical_bytes(value) == expected
+    assert hashlib.sha256(data).hexdigest() == sha
+
+
+async def test_golden_vector_through_the_store(harness: rc.Harness) -> None:
+    """The stored file holds exactly the golden bytes and the receipt names their sha256."""
+    _, value, expected, sha = GOLDEN[4]
+    compacted = await compact(harness, value)
+    receipt = compacted.receipt
+    assert receipt.exact_digest == "sha256:" + sha
+    assert receipt.exact_ref == "rc1:" + sha
+    assert receipt.exact_bytes == len(expected)
+    root = store_root(harness.fs)
+    assert entry_path(root, sha).read_bytes() == expected
+
+
+# ----------------------------------------------------------------------------- chunked encoding
+
+
+class Node(msgspec.Struct):
+    zz: Any
+    aa: Any
+    mm: Any = None
+
+
+class Pair(msgspec.Struct, array_like=True):
+    right: Any
+    left: Any
+
+
+class Renamed(msgspec.Struct, rename={"first": "z_first", "second": "a_second"}):
+    first: Any
+    second: Any
+
+
+class Tagged(msgspec.Struct, tag="t"):
+    body: Any
+
+
+class Sparse(msgspec.Struct, omit_defaults=True):
+    items: Any = None
+    other: Any = None
+
+
+_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
+
+
+def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return (
+        st.lists(children, max_size=40)
+        | st.dictionaries(st.text(), children, max_size=20)
+        | st.tuples(children, children)
+        | st.builds(Node, children, children, children)
+        | st.builds(Pair, children, children)
+        | st.builds(Renamed, children, children)
+        | st.builds(Tagged, children)
+        | st.builds(Sparse, children, children)
+    )
+
+
+_values = st.recursive(_leaves, _containers, max_leaves=80)
+
+
+@HYPOTHESIS
+@given(value=_values, piece_bytes=st.sampled_from([1, 7, 64]))
+def test_chunked_encoding_is_byte_identical(value: Any, piece_bytes: int) -> None:
+    """iter_canonical with small pieces concatenates to msgspec's whole sorted encoding."""
+    data = b"".join(bytes(p) for p in iter_canonical(value, piece_bytes))
+    assert data == msgspec.json.encode(value, order="sorted")
+
+
+def test_large_values_are_really_chunked() -> None:
+    """A big list is yielded as many small pieces, so the property above is not vacuous."""
+    value = big_exact(2000)
+    pieces = [bytes(p) for p in iter_canonical(value, 64)]
+    assert len(pieces) > 100
+    assert b"".join(pieces) == canonical(value)
+    assert max(len(p) for p in pieces) < 2048
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+async def test_struct_round_trip(harness: rc.Harness) -> None:
+    """A Struct value comes back equal, exact in the output and Found by its reference."""
+    value = Exact(rows=[Row(id=1, name="a", tags=["x", "y"], score=0.25)], total=1)
+    compacted = await compact(harness, value)
+    assert compacted.output == rc.ExactOutput(value=value)
+    assert compacted.receipt.exact_cache == "stored"
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    assert read == rc.Found(value=value)
+
+
+async def test_builtins_round_trip(harness: rc.Harness) -> None:
+    """Builtins are converted to the schema, stored canonically, and read back as the struct."""
+    raw = {"total": 2, "rows": [{"name": "b", "id": 2}, {"id": 1, "name": "a", "tags": ["t"]}]}
+    expected = Exact(rows=[Row(id=2, name="b"), Row(id=1, name="a", tags=["t"])], total=2)
+    compacted = await compact(harness, raw)
+    assert compacted.output.value == expected
+    assert compacted.receipt.exact_ref == "rc1:" + hex_of(expected)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    assert read == rc.Found(value=expected)
+
+
+async def test_raw_round_trip(harness: rc.Harness) -> None:
+    """Raw JSON with spaces and any key order is stored in canonical form and reads back."""
+    raw = msgspec.Raw(b'{ "total" : 1, "rows" : [ { "name" : "\\u00e9", "id" : 7 } ] }')
+    expected = Exact(rows=[Row(id=7, name="é")], total=1)
+    compacted = await compact(harness, raw)
+    assert compacted.output.value == expected
+    root = store_root(harness.fs)
+    assert entry_path(root, hex_of(expected)).read_bytes() == canonical(expected)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    assert read == rc.Found(value=expected)
+
+
+async def test_three_input_forms_share_one_entry(harness: rc.Harness) -> None:
+    """Struct, builtins and Raw of the same value name the same entry; later ones reuse it."""
+    value = Exact(rows=[Row(id=3, name="c")], total=3)
+    refs = []
+    caches = []
+    for form in (value, msgspec.to_builtins(value), msgspec.Raw(msgspec.json.encode(value))):
+        compacted = await compact(harness, form)
+        refs.append(compacted.receipt.exact_ref)
+        caches.append(compacted.receipt.exact_cache)
+    assert len(set(refs)) == 1
+    assert caches == ["stored", "reused", "reused"]
+    assert entry_files(store_root(harness.fs)) == {hex_of(value)}
+
+
+async def test_large_round_trip_verified_in_a_worker_process(harness: rc.Harness) -> None:
+    """A value above the in-process verify size (8 MiB) is retained and reads back equal."""
+    value = big_exact(150_000)
+    compacted = await compact(harness, value)
+    assert compacted.receipt.exact_bytes >= 8 << 20
+    assert compacted.output.kind == "fallback"
+    assert compacted.receipt.fallback_reason == "no_llm"
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    assert isinstance(read, rc.Found)
+    assert read.value == value
+
+
+# ----------------------------------------------------------------------------- refused inputs
+
+
+def _assert_nothing_stored(root: Path) -> None:
+    assert entry_files(root) == set()
+    assert temp_files(root) == []
+    assert index_rows(root) == set()
+
+
+_NOT_VALID: list[tuple[str, Any]] = [
+    ("builtins out of range", {"rows": [], "total": -1}),
+    ("builtins wrong type", {"rows": [{"id": "one", "name": "a"}], "total": 1}),
+    ("builtins missing field", {"rows": []}),
+    ("raw invalid json", msgspec.Raw(b'{"rows": [')),
+    ("raw wrong shape", msgspec.Raw(b'{"rows": {}, "total": 1}')),
+    ("struct built out of range", Exact(rows=[], total=-1)),
+    ("struct with a wrongly typed field", Exact(rows=[Row(id="x", name="a")], total=0)),  # type: ignore[arg-type]
+    ("other struct type", rc.Missing()),
+    ("not json at all", object()),
+]
+
+
+@pytest.mark.parametrize("response", [v for _, v in _NOT_VALID], ids=[n for n, _ in _NOT_VALID])
+async def test_invalid_input_raises_value_error_and_stores_nothing(
+    harness: rc.Harness, response: Any
+) -> None:
+    """A response that does not validate raises ValueError and leaves no entry or temp file."""
+    with pytest.raises(ValueError, match=r"\S"):
+        await compact(harness, response)
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+_NON_FINITE: list[tuple[str, Any]] = [
+    ("struct nan", Exact(rows=[Row(id=1, name="a", score=math.nan)], total=1)),
+    ("struct inf", Exact(rows=[Row(id=1, name="a", score=math.inf)], total=1)),
+    ("builtins -inf", {"rows": [{"id": 1, "name": "a", "score": -math.inf}], "total": 1}),
+    ("raw overflow to inf", msgspec.Raw(b'{"rows":[{"id":1,"name":"a","score":1e999}],"total":1}')),
+    (
+        "nan deep in a chunked value",
+        Exact(rows=[*big_exact(5000).rows, Row(id=-1, name="z", score=math.nan)], total=1),
+    ),
+]
+
+
+@pytest.mark.parametrize("response", [v for _, v in _NON_FINITE], ids=[n for n, _ in _NON_FINITE])
+async def test_nan_and_infinity_are_refused(harness: rc.Harness, response: Any) -> None:
+    """NaN and infinities raise ValueError instead of being stored as null."""
+    with pytest.raises(ValueError, match=r"NaN|infinity|out of range"):
+        await compact(harness, response)
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, [1.0, {"x": math.nan}]])
+def test_canonical_bytes_refuses_non_finite(value: Any) -> None:
+    """The pure encoder refuses non-finite floats anywhere, whole or chunked."""
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        canonical_bytes(value)
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        b"".join(iter_canonical([value] * 40, 1))
+
+
+class WithRaw(msgspec.Struct):
+    n: int
+    x: None
+    raw: msgspec.Raw
+
+
+def test_null_next_to_a_raw_field_is_not_mistaken_for_nan() -> None:
+    """A real null beside a Raw field encodes, even when other bytes look like a msgpack inf."""
+    # 3414159360 is 0xcb7ff000: its msgpack form contains the bytes of a float64 infinity.
+    value = msgspec.json.decode(b'{"n":3414159360,"x":null,"raw":[1,2]}', type=WithRaw)
+    assert canonical_bytes(value) == b'{"n":3414159360,"raw":[1,2],"x":null}'
+
+
+def test_null_with_inf_looking_bytes_is_kept() -> None:
+    """None next to bytes that resemble a msgpack infinity still encodes to null."""
+    value = [None, b"\xcb\x7f\xf0\x00\x00\x00\x00\x00\x00"]
+    assert canonical_bytes(value) == msgspec.json.encode(value)
+
+
+def test_to_exact_value_reports_msgspec_message() -> None:
+    """The ValueError carries msgspec's own message naming the path that failed."""
+    with pytest.raises(ValueError, match=r"\$\.total"):
+        to_exact_value({"rows": [], "total": -5}, Exact)
