@@ -21,11 +21,11 @@ def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[A
     if isinstance(options, CompactionOptions):
         # msgspec does not validate on construction: check the fields as if they were decoded.
         data: dict[str, Any] = {f: getattr(options, f) for f in options.__struct_fields__}
-        data["fallback"] = msgspec.json.decode(msgspec.json.encode(options.fallback))
+        data["fallback"] = _builtins_of_fallback(options.fallback)
     elif isinstance(options, Mapping):
         data = dict(options)
         if "fallback" in data and isinstance(data["fallback"], msgspec.Struct):
-            data["fallback"] = msgspec.json.decode(msgspec.json.encode(data["fallback"]))
+            data["fallback"] = _builtins_of_fallback(data["fallback"])
     else:
         raise ValueError(  # noqa: TRY004 - the contract: wrongly typed options are ValueError
             f"options must be CompactionOptions or a mapping, got {type(options).__name__}"
@@ -34,3 +34,12 @@ def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[A
         return msgspec.convert(data, CompactionOptions[summary_schema])
     except msgspec.ValidationError as exc:
         raise ValueError(f"invalid compaction options: {exc}") from None
+
+
+def _builtins_of_fallback(fallback: object) -> Any:
+    # to_builtins (not a JSON round trip) so the fallback comes back unchanged: JSON would turn
+    # a NaN into null. What cannot be converted at all is a wrongly typed option.
+    try:
+        return msgspec.to_builtins(fallback)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise ValueError(f"invalid compaction options: fallback: {exc}") from None
