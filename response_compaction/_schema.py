@@ -29,9 +29,19 @@ def schema_name(summary_schema: Any) -> str:
     return _NAME_BAD.sub("_", name)[:64] or "summary"
 
 
-@functools.lru_cache(maxsize=128)
 def strict_json_schema(summary_schema: Any) -> dict[str, Any]:
     """The strict JSON schema for ``summary_schema``; :class:`SchemaError` if there is none."""
+    try:
+        hash(summary_schema)
+    except TypeError:
+        raise SchemaError(
+            f"summary_schema must be a type, got a {type(summary_schema).__name__} value"
+        ) from None
+    return _strict_json_schema(summary_schema)
+
+
+@functools.lru_cache(maxsize=128)
+def _strict_json_schema(summary_schema: Any) -> dict[str, Any]:
     try:
         raw = msgspec.json.schema(summary_schema)
     except (TypeError, ValueError) as exc:
@@ -60,10 +70,16 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...], 
         out["anyOf"] = [_convert(x, defs, seen, at) for x in node["anyOf"]]
     kind = node.get("type")
     if "enum" in node and kind is None:
-        out["type"] = _enum_type(node["enum"], at)
+        values = [v for v in node["enum"] if v is not None]
+        if len(values) < len(node["enum"]):  # Literal["a", None]: strict mode wants a union
+            if not values:
+                return {"type": "null"}
+            return {"anyOf": [_convert({"enum": values}, defs, seen, at), {"type": "null"}]}
+        out["type"] = _enum_type(values, at)
     if kind == "object":
         props = node.get("properties")
-        if props is None or "additionalProperties" in node:
+        # forbid_unknown_fields Structs already say additionalProperties: false.
+        if props is None or node.get("additionalProperties", False) is not False:
             raise SchemaError(
                 f"summary_schema has a free-form mapping at {at}; strict mode needs fixed "
                 "properties (use a Struct instead of dict)"
