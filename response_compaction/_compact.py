@@ -155,9 +155,24 @@ class _Head:
             yield piece
 
     def data(self) -> bytes:
-        if len(self._parts) > 1:
+        """The kept bytes, cut back to whole UTF-8 characters (the receipt counts these)."""
+        if len(self._parts) != 1:
             self._parts = [b"".join(self._parts)]
-        return self._parts[0] if self._parts else b""
+        if self._size >= self._limit:  # a cut: it may have landed inside a character
+            self._parts = [_whole_characters(self._parts[0])]
+        return self._parts[0]
+
+
+def _whole_characters(data: bytes) -> bytes:
+    """``data`` without a UTF-8 character cut in half at its end."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:  # ASCII: the last character is whole
+            return data
+        if byte >= 0xC0:  # the lead byte of the last character: is all of it here?
+            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data if back >= length else data[:-back]
+    return data
 
 
 def _summary_facts(outcome: SummaryOutcome) -> dict[str, Any]:

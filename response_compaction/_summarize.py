@@ -10,14 +10,15 @@ the receipt's ``shown_bytes`` says how many bytes went in.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import anyio
-import anyio.lowlevel
 import msgspec
+import sniffio
 from msgspec import UNSET, UnsetType
 
 from ._canonical import canonical_bytes, digest_of
@@ -133,14 +134,14 @@ async def _run_ladder(
     routes: Sequence[str],
     request: SummaryRequest,
     summary_schema: Any,
-    timeout_ms: int,
+    deadline: float,
 ) -> _LadderResult:
     decoder = msgspec.json.Decoder(summary_schema)
     attempts: list[Attempt] = []
     route, started = "", 0.0
     reason: FallbackReason = "error"
     try:
-        with anyio.fail_after(timeout_ms / 1000):
+        with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
             for route in routes:
                 started = time.perf_counter()
                 try:
@@ -185,6 +186,15 @@ class _Flight:
 _flights: dict[tuple[object, str, str], _Flight] = {}
 
 
+def _loop_identity() -> object:
+    """The running event loop, as a dict key (anyio < 4.11 has no ``current_token``)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token()
+    return asyncio.get_running_loop()
+
+
 async def summarize(
     *,
     store: Store,
@@ -199,10 +209,14 @@ async def summarize(
 ) -> SummaryOutcome:
     """Return a cached summary, or run the ladder once per identity and cache what validates.
 
-    Concurrent calls in one event loop with the same identity share one ladder run: followers
-    wait for the leader and report a cache ``hit`` (or the leader's fallback, with no attempts
-    of their own). Caller cancellation propagates; only the budget ends in a fallback.
+    Concurrent calls in one event loop with the same identity share one ladder run: the first
+    becomes the leader (it reads the cache and runs the ladder), the others wait for it within
+    their own ``timeout_ms`` and then read its summary from the cache as a ``hit`` (or take its
+    fallback, with no attempts of their own). A follower whose budget ends first gets the
+    fallback with reason ``timeout``. Caller cancellation propagates; only the budget ends in a
+    fallback.
     """
+    deadline = anyio.current_time() + options.timeout_ms / 1000
     key = summary_key(
         exact_digest=exact_digest,
         summary_json_schema=json_schema,
@@ -212,34 +226,37 @@ async def summarize(
         token_bound=options.token_bound,
         shown_bytes=options.shown_bytes,
     )
-    flight_key = (anyio.lowlevel.current_token(), store.root, key)
-    while True:
-        cached = await store.get("summary", key, summary_schema)
-        if isinstance(cached, Found):
-            data = canonical_bytes(cached.value)
-            return SummaryOutcome(
-                value=cached.value, cache="hit", digest=digest_of(data), size=len(data)
-            )
-        flight = _flights.get(flight_key)
-        if flight is None:
-            break
-        await flight.done.wait()
+    flight_key = (_loop_identity(), store.root, key)
+    # No await between looking for a flight and registering one: a caller either follows a
+    # leader or leads, never reads the cache in a window where the leader finishes unseen.
+    while (flight := _flights.get(flight_key)) is not None:
+        with anyio.move_on_after(deadline - anyio.current_time()):
+            await flight.done.wait()
+        if not flight.done.is_set():
+            return SummaryOutcome(value=None, cache="none", reason="timeout")
         if flight.outcome is not None and flight.outcome.value is None:
             return SummaryOutcome(value=None, cache="none", reason=flight.outcome.reason)
         # The leader stored a summary (read it as a hit) or was cancelled (lead ourselves).
 
     flight = _flights[flight_key] = _Flight()
     try:
-        request = build_request(
-            shown=shown,
-            total_bytes=exact_bytes,
-            json_schema=json_schema,
-            summary_schema=summary_schema,
-            instructions=options.instructions,
-            token_bound=options.token_bound,
-        )
-        result = await _run_ladder(model, routes, request, summary_schema, options.timeout_ms)
-        outcome = await _keep(store, key, result, summary_schema, options)
+        cached = await store.get("summary", key, summary_schema)
+        if isinstance(cached, Found):
+            data = canonical_bytes(cached.value)
+            outcome = SummaryOutcome(
+                value=cached.value, cache="hit", digest=digest_of(data), size=len(data)
+            )
+        else:
+            request = build_request(
+                shown=shown,
+                total_bytes=exact_bytes,
+                json_schema=json_schema,
+                summary_schema=summary_schema,
+                instructions=options.instructions,
+                token_bound=options.token_bound,
+            )
+            result = await _run_ladder(model, routes, request, summary_schema, deadline)
+            outcome = await _keep(store, key, result, summary_schema, options)
         flight.outcome = outcome
         return outcome
     finally:
