@@ -182,9 +182,11 @@ def _progress(label: str, show: bool) -> Iterator[None]:
     started = time.perf_counter()
 
     def tick() -> None:
-        while not stop.wait(0.2):
+        while True:
             sys.stderr.write(f"\r\x1b[K{label} {time.perf_counter() - started:.1f} s")
             sys.stderr.flush()
+            if stop.wait(0.2):
+                return
 
     thread = threading.Thread(target=tick, name="response-compaction-progress", daemon=True)
     thread.start()

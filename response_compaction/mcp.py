@@ -101,7 +101,7 @@ async def serve_stdio(
 
 def _import_mcp(module: str) -> Any:
     try:
-        return importlib.import_module(module)
+        importlib.import_module("mcp")
     except ModuleNotFoundError as exc:
         if exc.name != "mcp":
             raise
@@ -109,3 +109,4 @@ def _import_mcp(module: str) -> Any:
             "the MCP tool needs the optional mcp SDK: pip install 'response-compaction[mcp]'",
             name="mcp",
         ) from exc
+    return importlib.import_module(module)

@@ -1,0 +1,338 @@
+"""The ``response-compaction`` command line, always through a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import response_compaction as rc
+from response_compaction import sync
+from tests.fake_openai_server import FakeOpenAI
+
+REPO = Path(__file__).resolve().parent.parent
+SUBCOMMANDS = ("compact", "read", "verify", "prune", "mcp", "demo")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any model configuration, plus ``extra``."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RESPONSE_COMPACTION_"))
+    }
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def cli(
+    *args: str | Path,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    command: tuple[str, ...] = (sys.executable, "-m", "response_compaction"),
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [*command, *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        env=env if env is not None else clean_env(),
+        cwd=cwd,
+        timeout=120,
+        check=False,
+    )
+
+
+def compact(root: Path, document: Any, *extra: str) -> dict[str, Any]:
+    done = cli("compact", "-", "--root", root, *extra, stdin=json.dumps(document).encode())
+    assert done.returncode == 0, done.stderr.decode()
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def store_in_process(root: Path, document: Any) -> str:
+    """Set up an entry through the library itself (quicker than a CLI run); its exact_ref."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(root))
+    options = {"fallback": {}, "ladder": "unused"}
+    raw = msgspec.Raw(json.dumps(document).encode())
+    return sync.response_compact(harness, raw, Any, dict, options).receipt.exact_ref
+
+
+def big_document(rows: int = 2000) -> dict[str, Any]:
+    return {"rows": [{"id": i, "name": f"row {i}", "tags": ["a"]} for i in range(rows)]}
+
+
+def entry_path(root: Path, ref: str) -> Path:
+    hex_digest = ref.removeprefix("rc1:")
+    return root / "response-compaction-v1" / "exact" / hex_digest[:2] / hex_digest
+
+
+def test_help_on_every_subcommand() -> None:
+    """``--help`` works on the command and on each subcommand, and names the subcommand."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        runs = list(pool.map(lambda sub: cli(*sub, "--help"), [(), *[(s,) for s in SUBCOMMANDS]]))
+    top, *subs = runs
+    assert top.returncode == 0
+    for name in SUBCOMMANDS:
+        assert name in top.stdout.decode()
+    for name, done in zip(SUBCOMMANDS, subs, strict=True):
+        assert done.returncode == 0, done.stderr.decode()
+        assert done.stdout.decode().startswith(f"usage: response-compaction {name}")
+        assert done.stderr == b""
+
+
+def test_console_script_and_schemas_from_the_working_directory(tmp_path: Path) -> None:
+    """The installed ``response-compaction`` script loads ``--schema module:Type`` from the cwd."""
+    script = Path(sys.executable).with_name("response-compaction")
+    (tmp_path / "myschemas.py").write_text(
+        textwrap.dedent(
+            """
+            import msgspec
+
+            class Point(msgspec.Struct):
+                x: int
+                y: int
+            """
+        )
+    )
+    env = clean_env()
+    del env["PYTHONPATH"]
+    done = cli(
+        "compact",
+        "-",
+        "--root",
+        tmp_path / "root",
+        "--schema",
+        "myschemas:Point",
+        stdin=b'{"y": 2, "x": 1}',
+        env=env,
+        cwd=tmp_path,
+        command=(str(script),),
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout)["output"] == {"kind": "exact", "value": {"x": 1, "y": 2}}
+    bad = cli(
+        "compact",
+        "-",
+        "--root",
+        tmp_path / "root",
+        "--schema",
+        "myschemas:Point",
+        stdin=b'{"x": "one", "y": 2}',
+        env=env,
+        cwd=tmp_path,
+        command=(str(script),),
+    )
+    assert bad.returncode == 1
+    assert bad.stdout == b""
+    assert b"does not validate" in bad.stderr
+
+
+def test_compact_small_then_read_it_back(tmp_path: Path) -> None:
+    """A small document comes back exact; ``read`` prints its canonical JSON and exits 0."""
+    result = compact(tmp_path, {"b": [1, 2.5, None], "a": "\u00e9"})
+    assert result["output"] == {"kind": "exact", "value": {"a": "\u00e9", "b": [1, 2.5, None]}}
+    receipt = result["receipt"]
+    assert receipt["exact_cache"] == "stored"
+    assert receipt["summary_cache"] == "not_needed"
+    done = cli("read", receipt["exact_ref"], "--root", tmp_path)
+    assert done.returncode == 0
+    assert done.stdout == '{"a":"\u00e9","b":[1,2.5,null]}\n'.encode()
+    assert done.stderr == b""
+
+
+def test_compact_large_without_a_model_returns_the_fallback(tmp_path: Path) -> None:
+    """Large input with no model configured: fallback, reason no_llm, and stderr says why."""
+    source = tmp_path / "big.json"
+    source.write_text(json.dumps(big_document()))
+    done = cli("compact", source, "--root", tmp_path / "root", "--above", "1000")
+    assert done.returncode == 0, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["output"]["kind"] == "fallback"
+    assert result["output"]["value"]["critical_facts"] == []
+    assert result["receipt"]["fallback_reason"] == "no_llm"
+    assert result["receipt"]["exact_bytes"] > 1000
+    stderr = done.stderr.decode()
+    assert "no model configured" in stderr
+    assert "RESPONSE_COMPACTION_MODEL" in stderr
+    assert "\r" not in stderr  # no progress line when stderr is not a terminal
+
+
+def test_compact_with_a_model_and_custom_schemas(tmp_path: Path) -> None:
+    """With OPENAI_BASE_URL and --model set, large input is summarized by that model."""
+    fallback = json.dumps({"overview": "kept", "critical_facts": []})
+    document = {"rows": [{"id": i, "name": "x" * 30} for i in range(500)], "total": 500}
+    with FakeOpenAI() as server:
+        env = clean_env(OPENAI_BASE_URL=server.base_url)
+        done = cli(
+            "compact",
+            "-",
+            "--root",
+            tmp_path,
+            "--schema",
+            "tests.schemas:Exact",
+            "--summary-schema",
+            "tests.schemas:Summary",
+            "--fallback",
+            fallback,
+            "--model",
+            "small-model",
+            "--model",
+            "big-model",
+            "--instructions",
+            "count the rows",
+            stdin=json.dumps(document).encode(),
+            env=env,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["output"]["kind"] == "summarized"
+    assert set(result["output"]["value"]) == {"overview", "critical_facts"}
+    assert result["receipt"]["route"] == "small-model"
+    assert result["receipt"]["ladder"] == "default"
+    assert [request["model"] for request in server.requests] == ["small-model"]
+    assert "count the rows" in server.requests[0]["messages"][0]["content"]
+
+
+def test_progress_on_a_terminal(tmp_path: Path) -> None:
+    """When stderr is a terminal, a large input shows a progress line there."""
+    source = tmp_path / "big.json"
+    source.write_text(json.dumps(big_document(90_000)))
+    assert source.stat().st_size > 4 << 20
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "response_compaction", "compact", source, "--root", tmp_path],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            env=clean_env(),
+            timeout=120,
+            check=False,
+        )
+        os.close(follower)
+        follower = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal has no writer left
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(leader)
+        if follower != -1:
+            os.close(follower)
+    assert done.returncode == 0
+    assert b"compacting" in seen
+    assert json.loads(done.stdout)["receipt"]["fallback_reason"] == "no_llm"
+
+
+def test_read_missing_exits_3(tmp_path: Path) -> None:
+    """A well-formed reference that was never stored exits 3, nothing on stdout."""
+    done = cli("read", "rc1:" + "ab" * 32, "--root", tmp_path)
+    assert done.returncode == 3
+    assert done.stdout == b""
+    assert b"missing" in done.stderr
+
+
+def test_read_malformed_exits_4(tmp_path: Path) -> None:
+    """A malformed reference exits 4 with the detail on stderr."""
+    done = cli("read", "../../etc/passwd", "--root", tmp_path)
+    assert done.returncode == 4
+    assert done.stdout == b""
+    assert b"malformed exact_ref" in done.stderr
+
+
+def test_verify_finds_a_tampered_entry(tmp_path: Path) -> None:
+    """After one byte of a stored entry flips, verify counts it broken and exits non-zero."""
+    kept = store_in_process(tmp_path, {"kept": True})
+    tampered = store_in_process(tmp_path, {"tampered": [1, 2, 3]})
+    clean = cli("verify", "--root", tmp_path)
+    assert clean.returncode == 0
+    assert json.loads(clean.stdout) | {"root": ""} == {
+        "root": "",
+        "found": 2,
+        "expired": 0,
+        "missing": 0,
+        "broken": 0,
+        "broken_entries": [],
+    }
+
+    path = entry_path(tmp_path, tampered)
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0x01
+    path.write_bytes(bytes(data))
+
+    done = cli("verify", "--root", tmp_path)
+    assert done.returncode == 4
+    report = json.loads(done.stdout)
+    assert (report["found"], report["broken"]) == (1, 1)
+    assert report["broken_entries"][0]["key"] == tampered
+    assert tampered.encode() in done.stderr
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        read_tampered, read_kept = pool.map(
+            lambda ref: cli("read", ref, "--root", tmp_path), [tampered, kept]
+        )
+    assert read_tampered.returncode == 4
+    assert b"does not verify" in read_tampered.stderr
+    assert read_kept.returncode == 0
+
+
+def test_prune_removes_entries_beyond_the_bound(tmp_path: Path) -> None:
+    """``prune --max-entries 1`` keeps the most recently used entry and reports what it freed."""
+    refs = [store_in_process(tmp_path, {"n": i, "pad": "x" * 100}) for i in range(3)]
+    done = cli("prune", "--root", tmp_path, "--max-entries", "1")
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stdout)
+    assert report["removed"] == 2
+    assert report["freed_bytes"] > 200
+    assert report["remaining"] == {"exact": 1}
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    states = [sync.response_compaction_read_exact(harness, ref, Any).state for ref in refs]
+    assert states == ["missing", "missing", "found"]
+
+
+def test_bad_input_and_bad_usage(tmp_path: Path) -> None:
+    """Invalid JSON exits 1, a missing file exits 1, and a usage mistake exits 2."""
+    not_json = cli("compact", "-", "--root", tmp_path, stdin=b"{nope")
+    assert not_json.returncode == 1
+    assert not_json.stdout == b""
+    assert b"ValueError" in not_json.stderr
+    absent = cli("compact", tmp_path / "absent.json", "--root", tmp_path)
+    assert absent.returncode == 1
+    assert b"No such file" in absent.stderr
+    usage = cli("compact", "-", "--summary-schema", "tests.schemas:Summary", stdin=b"{}")
+    assert usage.returncode == 2
+    assert b"--fallback is required" in usage.stderr
+    bad_type = cli("read", "rc1:x", "--schema", "no_such_module:Type")
+    assert bad_type.returncode == 2
+    assert b"cannot load" in bad_type.stderr
+
+
+@pytest.mark.parametrize("with_model", [False, True], ids=["no-model", "model"])
+def test_demo_round_trip(tmp_path: Path, with_model: bool) -> None:
+    """The demo compacts a generated response, reads it back equal, and exits 0."""
+    with FakeOpenAI() as server:
+        env = clean_env(OPENAI_BASE_URL=server.base_url, RESPONSE_COMPACTION_MODEL="m1,m2")
+        done = cli("demo", "--orders", "3000", "--root", tmp_path, env=env if with_model else None)
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    assert "equal to what went in: True" in out
+    assert "exact_cache=reused" in out
+    if with_model:
+        assert "-> summarized" in out
+        assert '"route": "m1"' in out
+        assert "summary_cache=hit" in out
+    else:
+        assert "-> fallback (no_llm)" in out
+    assert (tmp_path / "response-compaction-v1").is_dir()

@@ -1,0 +1,164 @@
+"""The blocking facade: one background loop, many threads, one client, nothing left at exit."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+
+import response_compaction as rc
+from response_compaction import sync
+from tests.fake_openai_server import FakeOpenAI
+from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
+
+OPTIONS = {"fallback": FALLBACK, "ladder": "cheap", "summarize_above_bytes": 2000}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_same_names_and_arguments_as_the_coroutines() -> None:
+    """Each blocking twin takes exactly the arguments of its coroutine."""
+    for name in ("response_compact", "response_compaction_read_exact"):
+        blocking = inspect.signature(getattr(sync, name)).parameters
+        awaitable = inspect.signature(getattr(rc, name)).parameters
+        assert list(blocking) == list(awaitable)
+
+
+def test_compact_and_read_back_from_plain_code(harness: rc.Harness) -> None:
+    """From code with no event loop, compact returns the exact value and the ref reads Found."""
+    value = Exact(rows=[Row(id=1, name="a")], total=1)
+    compacted = sync.response_compact(harness, value, Exact, Summary, OPTIONS)
+    assert compacted.output.kind == "exact"
+    assert compacted.output.value == value
+    read = sync.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    assert read == rc.Found(value=value)
+
+
+def test_large_value_without_a_model_gets_the_fallback(harness: rc.Harness) -> None:
+    """Over the threshold with no model, the blocking call hands back the fallback (no_llm)."""
+    compacted = sync.response_compact(harness, big_exact(200), Exact, Summary, OPTIONS)
+    assert compacted.output == rc.FallbackOutput(value=FALLBACK)
+    assert compacted.receipt.fallback_reason == "no_llm"
+
+
+def test_errors_come_through_unchanged(harness: rc.Harness) -> None:
+    """A value that does not validate raises the coroutine's ValueError, not a wrapper."""
+    with pytest.raises(ValueError, match="does not validate"):
+        sync.response_compact(harness, {"rows": "nope"}, Exact, Summary, OPTIONS)
+
+
+def test_eight_threads_at_once(harness: rc.Harness) -> None:
+    """Eight threads compacting and reading back at the same time all get their own values."""
+
+    def job(i: int) -> tuple[Exact, rc.Compacted[Exact, Summary], object]:
+        value = big_exact(10 + 40 * i)
+        compacted = sync.response_compact(harness, value, Exact, Summary, OPTIONS)
+        read = sync.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+        return value, compacted, read
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(job, range(8)))
+    refs = set()
+    for value, compacted, read in results:
+        assert read == rc.Found(value=value)
+        refs.add(compacted.receipt.exact_ref)
+        expected = "exact" if compacted.receipt.exact_bytes <= 2000 else "fallback"
+        assert compacted.output.kind == expected
+    assert len(refs) == 8
+
+
+@pytest.mark.anyio
+async def test_refuses_inside_a_running_event_loop(harness: rc.Harness) -> None:
+    """Called from a running asyncio or trio loop, both twins raise RuntimeError saying await."""
+    value = Exact(rows=[], total=0)
+    with pytest.raises(RuntimeError, match=r"await response_compaction\.response_compact\("):
+        sync.response_compact(harness, value, Exact, Summary, OPTIONS)
+    with pytest.raises(RuntimeError, match="await"):
+        sync.response_compaction_read_exact(harness, "rc1:" + "0" * 64, Exact)
+
+
+def test_refuses_inside_a_plain_asyncio_callback(harness: rc.Harness) -> None:
+    """A loop callback that is not a task is still on a running loop: RuntimeError, no deadlock."""
+    errors: list[BaseException] = []
+
+    def callback() -> None:
+        try:
+            sync.response_compaction_read_exact(harness, "rc1:" + "0" * 64, Exact)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_soon(callback)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert len(errors) == 1
+    assert "await" in str(errors[0])
+
+
+def test_one_client_one_connection_across_calls(harness: rc.Harness) -> None:
+    """An AsyncOpenAI client in the harness keeps one connection over calls; close() closes it."""
+    with FakeOpenAI() as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+        model_harness = rc.Harness(
+            fs=harness.fs, llm=rc.OpenAICatalog(client, {"cheap": ["small-model"]})
+        )
+        for i in range(3):
+            compacted = sync.response_compact(
+                model_harness, big_exact(100 + i), Exact, Summary, OPTIONS
+            )
+            assert compacted.output.kind == "summarized"
+            assert compacted.receipt.route == "small-model"
+        assert len(server.requests) == 3
+        assert server.connections == 1
+        sync.close()
+        assert client.is_closed()
+        sync.close()  # a second close is harmless
+    # The next call starts a fresh background loop.
+    value = Exact(rows=[], total=0)
+    assert sync.response_compact(harness, value, Exact, Summary, OPTIONS).output.value == value
+
+
+def test_nothing_left_behind_at_interpreter_exit(tmp_path: Path) -> None:
+    """A script that never closes anything exits cleanly: no thread, socket or warning left."""
+    script = textwrap.dedent(
+        """
+        import atexit, threading
+        # Registered before the facade's own handler, so it runs after it.
+        atexit.register(lambda: print("threads at exit:", threading.active_count()))
+        import openai
+        import response_compaction as rc
+        from response_compaction import sync
+        from tests.fake_openai_server import FakeOpenAI
+        from tests.schemas import FALLBACK, Exact, Summary, big_exact
+
+        with FakeOpenAI() as server:
+            client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+            harness = rc.Harness(
+                fs=rc.LocalWorkspace("ws"), llm=rc.OpenAICatalog(client, {"cheap": ["m"]})
+            )
+            options = {"fallback": FALLBACK, "ladder": "cheap", "summarize_above_bytes": 100}
+            for i in range(2):
+                out = sync.response_compact(harness, big_exact(50 + i), Exact, Summary, options)
+                print(out.output.kind)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error", "-c", script],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stderr == ""
+    assert done.returncode == 0
+    assert done.stdout.split("\n") == ["summarized", "summarized", "threads at exit: 1", ""]
