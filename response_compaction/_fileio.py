@@ -9,12 +9,13 @@ written once against :class:`FileBackend`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol, TypeVar
 
 import aiofiles
 import aiofiles.os
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import sniffio
 
@@ -53,20 +54,34 @@ class FileBackend(Protocol):
         """Run a blocking ``fn(*args)`` in a worker thread."""
 
 
+async def _run_to_completion(start: Callable[[], Awaitable[T]]) -> T:
+    """Await an aiofiles call the way anyio's worker threads behave under trio.
+
+    aiofiles runs each call in an executor thread that cancellation cannot stop. Abandoning it
+    would leak what it opens, let a write run on after its file was closed (and its fd reused),
+    and race the cleanup that follows. So: a cancellation point before the call starts, none
+    while it runs; a pending cancellation is delivered at the caller's next checkpoint.
+    """
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    with anyio.CancelScope(shield=True):
+        result = await start()
+    return result  # noqa: RET504 - CancelScope.__exit__ may suppress, so mypy wants it outside
+
+
 class _AiofilesFile:
     def __init__(self, file: Any) -> None:
         self._file = file
 
     async def write(self, data: bytes | memoryview, /) -> int:
-        written: int = await self._file.write(data)
+        written: int = await _run_to_completion(lambda: self._file.write(data))
         return written
 
     async def read(self, size: int = -1, /) -> bytes:
-        data: bytes = await self._file.read(size)
+        data: bytes = await _run_to_completion(lambda: self._file.read(size))
         return data
 
     async def close(self) -> None:
-        await self._file.close()
+        await _run_to_completion(self._file.close)
 
     def fileno(self) -> int:
         fd: int = self._file.fileno()
@@ -79,12 +94,14 @@ class AiofilesBackend:
     name = "asyncio"
 
     async def open(self, path: str, mode: Mode, opener: Opener) -> AsyncBinaryFile:
-        file = await aiofiles.open(path, mode, buffering=0, opener=opener)
+        file = await _run_to_completion(
+            lambda: aiofiles.open(path, mode, buffering=0, opener=opener)
+        )
         return _AiofilesFile(file)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         wrapped = aiofiles.os.wrap(functools.partial(fn, *args))
-        result: T = await wrapped()
+        result: T = await _run_to_completion(wrapped)
         return result
 
 
