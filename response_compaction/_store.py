@@ -528,8 +528,8 @@ class Store:
             lambda: _verify_bytes(data, hex_digest, size, schema, want_value=want_value)
         )
 
-    async def _read(self, path: str) -> bytes:
-        file = await self._backend.open(path, "rb", _opener(None, 0))
+    async def _read(self, path: str, dir_fd: int | None = None) -> bytes:
+        file = await self._backend.open(path, "rb", _regular_opener(dir_fd))
         try:
             return await file.read(-1)
         finally:
@@ -544,11 +544,20 @@ class Store:
         if row is None or row[2] <= now:
             return Missing()
         hex_digest, size, _ = row
-        path = os.path.join(self.root, kind, key[:2], key)
         try:
-            data = await self._read(path)
+            # Every component from the root down is opened without following links, so a
+            # symlinked fan-out directory cannot redirect the read (UnsafeStoreError).
+            fan_fd = await self._backend.run(_open_fanout, self.root, kind, key)
+            try:
+                data = await self._read(key, fan_fd)
+            finally:
+                os.close(fan_fd)
         except FileNotFoundError:
             return Missing()  # evicted by another process between lookup and open
+        except StoreError:
+            raise
+        except _NotRegularFileError:
+            return Broken(detail=f"{kind} entry is not a regular file")
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
@@ -593,13 +602,16 @@ class Store:
 def _check_entry(
     root: str, kind: Kind, key: str, hex_digest: str, size: int, expired: bool
 ) -> EntryReport:
-    path = os.path.join(root, kind, key[:2], key)
     try:
-        fd = os.open(path, os.O_RDONLY | _FILE_FLAGS)
+        fan_fd = _open_fanout(root, kind, key)
+        try:
+            fd = _regular_opener(fan_fd)(key, os.O_RDONLY)
+        finally:
+            os.close(fan_fd)
     except FileNotFoundError:
         return EntryReport(kind, key, "missing", size)
     except OSError as exc:
-        return EntryReport(kind, key, "broken", size, f"cannot open: {exc.strerror}")
+        return EntryReport(kind, key, "broken", size, f"cannot open: {exc.strerror or exc}")
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
     if len(data) != size:
@@ -615,6 +627,36 @@ def _opener(dir_fd: int | None, mode: int) -> Callable[[str, int], int]:
         return os.open(path, flags | _FILE_FLAGS, mode, dir_fd=dir_fd)
 
     return opener
+
+
+class _NotRegularFileError(OSError):
+    """Something other than a regular file sits where an entry should be."""
+
+
+def _regular_opener(dir_fd: int | None) -> Callable[[str, int], int]:
+    # O_NONBLOCK so a FIFO planted in the store cannot hang the open; it changes nothing for
+    # the regular files we then insist on.
+    def opener(path: str, flags: int) -> int:
+        fd = os.open(path, flags | _FILE_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise _NotRegularFileError(errno.EINVAL, "not a regular file", path)
+        return fd
+
+    return opener
+
+
+def _open_fanout(root: str, kind: Kind, key: str) -> int:
+    """The fan-out directory of ``key``, every component checked and opened without links."""
+    root_fd = _open_dir(root, create=False)
+    try:
+        kind_fd = _open_dir(kind, create=False, dir_fd=root_fd)
+        try:
+            return _open_dir(key[:2], create=False, dir_fd=kind_fd)
+        finally:
+            os.close(kind_fd)
+    finally:
+        os.close(root_fd)
 
 
 async def _write_all(file: AsyncBinaryFile, piece: bytes | memoryview) -> None:
