@@ -1,0 +1,119 @@
+"""A child process for the multi-process store tests: ``python -m tests._store_child MODE ...``.
+
+Modes (each runs on the anyio backend named on the command line):
+
+``fsize WS BACKEND LIMIT ROWS``
+    Under ``RLIMIT_FSIZE = LIMIT`` bytes, compact a value of ``ROWS`` rows and print one JSON
+    line saying what was raised.
+``loop WS BACKEND TAG``
+    Compact ``loop_value(TAG, i)`` for i = 0, 1, 2, ... forever, printing ``"i ref"`` and
+    flushing after each compaction has returned (the parent SIGKILLs it).
+``share WS BACKEND WORKER COUNT MAX_ENTRIES``
+    Write ``COUNT`` values (some shared with other workers) into a store bounded by
+    ``MAX_ENTRIES``, reading each back and one earlier one after every write; print one JSON
+    line of counts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import sys
+from typing import Any
+
+import anyio
+
+import response_compaction as rc
+from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
+
+SHARED_POOL = 6
+
+
+def loop_value(tag: str, i: int) -> Exact:
+    """The i-th value of a kill loop: sizes vary from one row to a few hundred KB."""
+    rows = 1 + (i * 7919) % 4000
+    return Exact(rows=[Row(id=j, name=f"{tag}-{i}-{j}") for j in range(rows)], total=i)
+
+
+def share_value(worker: int, i: int) -> Exact:
+    """Every third value is one of a small pool all workers write; the rest are the worker's."""
+    if i % 3 == 0:
+        k = (i // 3) % SHARED_POOL
+        return Exact(rows=[Row(id=k, name=f"shared-{k}", tags=["s"] * (k * 50))], total=k)
+    rows = 1 + (worker * 131 + i * 17) % 300
+    return Exact(rows=[Row(id=j, name=f"w{worker}-{i}") for j in range(rows)], total=i)
+
+
+def _harness(ws: str) -> rc.Harness:
+    return rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+
+
+async def _compact(harness: rc.Harness, value: Exact, **options: Any) -> rc.Compacted[Any, Any]:
+    opts = {"fallback": FALLBACK, "ladder": "cheap", **options}
+    return await rc.response_compact(harness, value, Exact, Summary, opts)
+
+
+async def _fsize(ws: str, limit: int, rows: int) -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    try:
+        await _compact(_harness(ws), big_exact(rows))
+    except OSError as exc:
+        report = {
+            "raised": type(exc).__name__,
+            "errno": exc.errno,
+            "store_error": isinstance(exc, rc.StoreError),
+        }
+    else:
+        report = {"raised": None}
+    print(json.dumps(report), flush=True)
+
+
+async def _loop(ws: str, tag: str) -> None:
+    harness = _harness(ws)
+    i = 0
+    while True:
+        compacted = await _compact(harness, loop_value(tag, i), max_entries=100_000)
+        sys.stdout.write(f"{i} {compacted.receipt.exact_ref}\n")
+        sys.stdout.flush()
+        i += 1
+
+
+async def _share(ws: str, worker: int, count: int, max_entries: int) -> None:
+    harness = _harness(ws)
+    rng = random.Random(worker)
+    written: list[tuple[str, Exact]] = []
+    counts = {"writes": 0, "found": 0, "missing": 0, "broken": 0, "wrong": 0}
+    details: list[str] = []
+    for i in range(count):
+        value = share_value(worker, i)
+        compacted = await _compact(harness, value, max_entries=max_entries)
+        counts["writes"] += 1
+        written.append((compacted.receipt.exact_ref, value))
+        for ref, expected in (written[-1], rng.choice(written)):
+            result = await rc.response_compaction_read_exact(harness, ref, Exact)
+            if isinstance(result, rc.Found):
+                counts["found" if result.value == expected else "wrong"] += 1
+            elif isinstance(result, rc.Missing):
+                counts["missing"] += 1
+            else:
+                counts["broken"] += 1
+                details.append(result.detail)
+    print(json.dumps({**counts, "details": details[:5]}), flush=True)
+
+
+def main(argv: list[str]) -> None:
+    """Run the mode named in ``argv[0]``."""
+    mode, ws, backend, *rest = argv
+    if mode == "fsize":
+        anyio.run(_fsize, ws, int(rest[0]), int(rest[1]), backend=backend)
+    elif mode == "loop":
+        anyio.run(_loop, ws, rest[0], backend=backend)
+    elif mode == "share":
+        anyio.run(_share, ws, int(rest[0]), int(rest[1]), int(rest[2]), backend=backend)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,175 @@
+"""Real processes against one store: a file-size limit, SIGKILL mid-write, shared eviction."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+import response_compaction as rc
+from response_compaction import _store
+from tests._store_child import loop_value, share_value
+from tests._store_support import (
+    compact,
+    entry_files,
+    entry_path,
+    hex_of,
+    index_rows,
+    ref_of,
+    store_root,
+    temp_files,
+)
+from tests.schemas import Exact, Row, big_exact
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+KILL_ROUNDS = 7
+WORKERS = 4
+WRITES_PER_WORKER = 45
+SHARED_MAX_ENTRIES = 8
+
+
+def _child(mode: str, ws: Path, backend: str, *args: object) -> list[str]:
+    return [sys.executable, "-m", "tests._store_child", mode, str(ws), backend, *map(str, args)]
+
+
+def _orphans_are_whole(root: Path) -> None:
+    # A file with no row (killed between rename and commit) must still be a complete entry.
+    for name in entry_files(root) - index_rows(root):
+        assert hashlib.sha256(entry_path(root, name).read_bytes()).hexdigest() == name
+
+
+async def test_file_size_limit_fails_cleanly(tmp_path: Path, anyio_backend: str) -> None:
+    """Under RLIMIT_FSIZE a child's compaction raises OSError(EFBIG); nothing half-written shows."""
+    ws = tmp_path / "ws"
+    harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+    old = [Exact(rows=[Row(id=i, name=f"old{i}")], total=i) for i in range(3)]
+    for value in old:
+        await compact(harness, value)
+    rows = 40_000  # about 2.4 MB of canonical JSON against a 1 MiB limit
+    result = await anyio.run_process(
+        _child("fsize", ws, anyio_backend, 1 << 20, rows), cwd=REPO, check=False
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    report = json.loads(result.stdout)
+    assert report == {"raised": "StoreError", "errno": errno.EFBIG, "store_error": True}
+    root = store_root(ws)
+    assert temp_files(root) == []
+    assert entry_files(root) == {hex_of(v) for v in old}
+    assert index_rows(root) == {hex_of(v) for v in old}
+    for value in old:
+        assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Found(
+            value=value
+        )
+    big = big_exact(rows)
+    assert await rc.response_compaction_read_exact(harness, ref_of(big), Exact) == rc.Missing()
+
+
+async def _run_until_killed(ws: Path, backend: str, tag: str, lines: int) -> list[int]:
+    """Start a writing child, read ``lines`` completed references, SIGKILL it; return indexes."""
+    done: list[int] = []
+    async with await anyio.open_process(_child("loop", ws, backend, tag), cwd=REPO) as process:
+        assert process.stdout is not None
+        stdout = BufferedByteReceiveStream(process.stdout)
+        while len(done) < lines:
+            line = await stdout.receive_until(b"\n", 1024)
+            index, ref = line.decode().split()
+            done.append(int(index))
+            assert ref == ref_of(loop_value(tag, int(index)))
+        process.kill()
+        assert await process.wait() == -9
+    return done
+
+
+async def test_sigkill_mid_write_loses_nothing_completed(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """A writer SIGKILLed at varying points: every reference it printed reads Found afterwards."""
+    ws = tmp_path / "ws"
+    printed: list[tuple[str, int]] = []
+    for round_ in range(KILL_ROUNDS):
+        tag = f"r{round_}"
+        done = await _run_until_killed(ws, anyio_backend, tag, lines=round_ + 1)
+        printed.extend((tag, index) for index in done)
+
+    root = store_root(ws)
+    left_behind = len(temp_files(root))
+    _orphans_are_whole(root)
+    assert index_rows(root) <= entry_files(root)
+
+    harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+    for tag, index in printed:
+        value = loop_value(tag, index)
+        read = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
+        assert read == rc.Found(value=value), (tag, index)
+
+    # The stale-temp sweep, run by a store whose clock is two hours ahead, removes the rest.
+    later = rc.LocalWorkspace(ws, clock=lambda: time.time() + 2 * 3600)
+    store = await _store.open_store(later)
+    await store.prune()
+    assert temp_files(root) == []
+    assert all(report.state == "found" for report in await store.verify())
+    for tag, index in printed:
+        value = loop_value(tag, index)
+        read = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
+        assert read == rc.Found(value=value)
+    print(
+        f"kill loop [{anyio_backend}]: {KILL_ROUNDS} rounds, {KILL_ROUNDS} SIGKILLs, "
+        f"{len(printed)} refs checked, {left_behind} temp files left by kills before the sweep"
+    )
+
+
+async def test_processes_sharing_a_small_store(tmp_path: Path, anyio_backend: str) -> None:
+    """Processes writing and reading under eviction never read Broken; the store stays bounded."""
+    ws = tmp_path / "ws"
+    reports: dict[int, dict[str, Any]] = {}
+
+    async def worker(n: int) -> None:
+        command = _child("share", ws, anyio_backend, n, WRITES_PER_WORKER, SHARED_MAX_ENTRIES)
+        result = await anyio.run_process(command, cwd=REPO, check=False)
+        assert result.returncode == 0, result.stderr.decode()
+        reports[n] = json.loads(result.stdout)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(WORKERS):
+            tg.start_soon(worker, n)
+
+    for report in reports.values():
+        assert report["broken"] == 0, report["details"]
+        assert report["wrong"] == 0
+        assert report["writes"] == WRITES_PER_WORKER
+        assert report["found"] + report["missing"] == 2 * WRITES_PER_WORKER
+    root = store_root(ws)
+    assert temp_files(root) == []
+    assert len(index_rows(root)) <= SHARED_MAX_ENTRIES
+    assert entry_files(root) == index_rows(root)
+
+    harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+    last = share_value(0, 1)
+    await compact(harness, last, max_entries=SHARED_MAX_ENTRIES)
+    assert len(index_rows(root)) <= SHARED_MAX_ENTRIES
+    assert entry_files(root) == index_rows(root)
+    assert await rc.response_compaction_read_exact(harness, ref_of(last), Exact) == rc.Found(
+        value=last
+    )
+    totals = {k: sum(r[k] for r in reports.values()) for k in ("writes", "found", "missing")}
+    print(f"shared store [{anyio_backend}]: {WORKERS} processes, {totals}")
+
+
+def test_children_are_deterministic() -> None:
+    """The parent rebuilds exactly the values its children wrote (else every check is moot)."""
+    assert loop_value("t", 5) == loop_value("t", 5)
+    assert loop_value("t", 5) != loop_value("t", 6)
+    assert share_value(1, 3) == share_value(2, 3)  # the shared pool really is shared
+    assert share_value(1, 4) != share_value(2, 4)
+    assert os.path.exists(REPO / "tests" / "_store_child.py")
