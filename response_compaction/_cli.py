@@ -28,6 +28,7 @@ import msgspec
 
 from . import __version__
 from ._compact import response_compact, response_compaction_read_exact
+from ._demo import run as _demo_run
 from ._harness import Harness, LocalWorkspace
 from ._models import CompactionOptions, Found, Missing
 from ._store import open_store
@@ -92,15 +93,15 @@ class ModelConfig:
         api_key = os.environ.get("OPENAI_API_KEY") or None
         why_not = None
         if not routes:
-            why_not = "no model named (--model or RESPONSE_COMPACTION_MODEL)"
+            why_not = "no model named: set RESPONSE_COMPACTION_MODEL or pass --model"
         elif not (api_key or base_url):
-            why_not = "no OPENAI_API_KEY or OPENAI_BASE_URL (--base-url) in the environment"
+            why_not = "no endpoint: set OPENAI_API_KEY and/or OPENAI_BASE_URL (or --base-url)"
         return cls(routes, base_url, api_key, ladder, why_not)
 
     def describe(self) -> str:
         """One line for a human."""
         if self.why_not:
-            return f"none ({self.why_not})"
+            return f"none; {self.why_not}"
         return f"{', '.join(self.routes)} at {self.base_url or 'https://api.openai.com/v1'}"
 
     @contextlib.asynccontextmanager
@@ -109,6 +110,7 @@ class ModelConfig:
         if self.why_not:
             yield None
             return
+        # The one place outside _openai.py that touches the SDK: the CLI owns its client.
         import openai
 
         from ._openai import OpenAICatalog
@@ -223,7 +225,7 @@ async def _compact(args: argparse.Namespace) -> int:
                 _harness(args, llm), msgspec.Raw(data), args.schema, args.summary_schema, options
             )
     if compacted.receipt.fallback_reason == "no_llm":
-        _note(f"no model configured, so the fallback was returned: {model.why_not}")
+        _note(f"no model configured, so the fallback was returned ({model.why_not})")
     _emit(compacted)
     return EXIT_OK
 
@@ -283,18 +285,16 @@ async def _prune(args: argparse.Namespace) -> int:
 
 
 async def _mcp(args: argparse.Namespace) -> int:
-    from .mcp import serve_stdio
+    from .mcp import serve_stdio  # imported here: the mcp extra is optional
 
     await serve_stdio(_harness(args), exact_schema=args.schema)
     return EXIT_OK
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from ._demo import run
-
     model = ModelConfig.from_env(args.model, args.base_url, "demo")
     async with model.catalog() as llm:
-        return await run(args, llm, model.describe())
+        return await _demo_run(args, llm, model.describe())
 
 
 # ----------------------------------------------------------------------------- parser

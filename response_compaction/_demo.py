@@ -12,13 +12,18 @@ from __future__ import annotations
 import contextlib
 import random
 import sys
+import tempfile
 import time
 from collections import Counter
 from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["LineItem", "Order", "Orders", "OrdersSummary", "fallback_for", "make_orders"]
+from ._compact import response_compact, response_compaction_read_exact
+from ._harness import Harness, LocalWorkspace
+from ._models import Found
+
+__all__ = ("LineItem", "Order", "Orders", "OrdersSummary", "fallback_for", "make_orders", "run")
 
 Status = Literal["open", "paid", "shipped", "returned", "cancelled"]
 _STATUSES: tuple[Status, ...] = ("open", "paid", "shipped", "returned", "cancelled")
@@ -127,12 +132,6 @@ def as_json(value: Any) -> str:
 
 async def run(args: Any, llm: Any, model_description: str) -> int:
     """The demo: generate, compact, read back, compare. Returns the exit code."""
-    import tempfile
-
-    from ._compact import response_compact, response_compaction_read_exact
-    from ._harness import Harness, LocalWorkspace
-    from ._models import Found
-
     with contextlib.ExitStack() as stack:
         root = args.root
         if root is None:

@@ -27,8 +27,9 @@ import inspect
 import os
 import threading
 import weakref
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import sniffio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -38,6 +39,7 @@ from ._models import Broken, Compacted, Found, Missing
 
 __all__ = ("close", "response_compact", "response_compaction_read_exact")
 
+T = TypeVar("T")
 _lock = threading.Lock()
 _portal: BlockingPortal | None = None
 _portal_cm: AbstractContextManager[BlockingPortal] | None = None
@@ -50,8 +52,15 @@ def response_compact(
     harness: Any, exact_response: Any, exact_schema: Any, summary_schema: Any, options: Any
 ) -> Compacted[Any, Any]:
     """Blocking :func:`response_compaction.response_compact`: same arguments, same result."""
-    return _portal_for("response_compact", harness).call(
-        _compact.response_compact, harness, exact_response, exact_schema, summary_schema, options
+    return _run(
+        "response_compact",
+        harness,
+        _compact.response_compact,
+        harness,
+        exact_response,
+        exact_schema,
+        summary_schema,
+        options,
     )
 
 
@@ -59,17 +68,23 @@ def response_compaction_read_exact(
     harness: Any, exact_ref: str, exact_schema: Any
 ) -> Found[Any] | Missing | Broken:
     """Blocking :func:`response_compaction.response_compaction_read_exact`."""
-    result: Found[Any] | Missing | Broken = _portal_for(
-        "response_compaction_read_exact", harness
-    ).call(_compact.response_compaction_read_exact, harness, exact_ref, exact_schema)
-    return result
+    return _run(
+        "response_compaction_read_exact",
+        harness,
+        _compact.response_compaction_read_exact,
+        harness,
+        exact_ref,
+        exact_schema,
+    )
 
 
 def close() -> None:
     """Close the model clients these functions have used and stop the background loop.
 
-    Runs by itself at interpreter exit. Safe to call more than once; the next blocking call
-    starts a new loop (with clients that have not been closed).
+    Calls still in flight in other threads are cancelled (they raise
+    ``concurrent.futures.CancelledError``). Runs by itself at interpreter exit, so a daemon
+    thread blocked in a call cannot hang the exit. Safe to call more than once; the next
+    blocking call starts a new loop.
     """
     global _portal, _portal_cm
     with _lock:
@@ -81,8 +96,9 @@ def close() -> None:
             return
         try:
             portal.call(_close_clients, clients)
+            portal.call(portal.stop, True)  # cancel calls still in flight in other threads
         finally:
-            portal_cm.__exit__(None, None, None)
+            portal_cm.__exit__(None, None, None)  # joins the loop thread
 
 
 async def _close_clients(clients: list[Any]) -> None:
@@ -91,6 +107,17 @@ async def _close_clients(clients: list[Any]) -> None:
             await client.close()
         except Exception:  # noqa: S112 - closing is best effort; one bad client must not stop it
             continue
+
+
+def _run(name: str, harness: Any, func: Callable[..., Awaitable[T]], *args: Any) -> T:
+    future = _portal_for(name, harness).start_task_soon(func, *args)
+    try:
+        return future.result()
+    except BaseException:
+        # Ctrl-C (or any exception raised in this thread while waiting) cancels the coroutine
+        # too, instead of leaving it running unseen; its own cleanup is shielded.
+        future.cancel()
+        raise
 
 
 def _portal_for(name: str, harness: Any) -> BlockingPortal:

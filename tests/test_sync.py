@@ -162,3 +162,107 @@ def test_nothing_left_behind_at_interpreter_exit(tmp_path: Path) -> None:
     assert done.stderr == ""
     assert done.returncode == 0
     assert done.stdout.split("\n") == ["summarized", "summarized", "threads at exit: 1", ""]
+
+
+def test_ctrl_c_cancels_the_coroutine(tmp_path: Path) -> None:
+    """Ctrl-C while blocked raises KeyboardInterrupt and cancels the coroutine behind it."""
+    script = textwrap.dedent(
+        """
+        import os, signal, threading
+        import anyio
+        import response_compaction as rc
+        from response_compaction import sync
+        from tests.schemas import FALLBACK, Exact, Summary, big_exact
+
+        started, cancelled = threading.Event(), threading.Event()
+
+        class HangingModel:
+            def routes(self, ladder):
+                return ("never-answers",)
+
+            async def complete(self, route, request):
+                started.set()
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    cancelled.set()
+
+        def press_ctrl_c():
+            started.wait()
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=press_ctrl_c, daemon=True).start()
+        harness = rc.Harness(fs=rc.LocalWorkspace("ws"), llm=HangingModel())
+        options = {"fallback": FALLBACK, "ladder": "x", "summarize_above_bytes": 100,
+                   "timeout_ms": 600000}
+        try:
+            sync.response_compact(harness, big_exact(100), Exact, Summary, options)
+        except KeyboardInterrupt:
+            print("interrupted")
+        print("cancelled", cancelled.wait(30))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error", "-c", script],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stderr == ""
+    assert done.stdout.split("\n") == ["interrupted", "cancelled True", ""]
+    assert done.returncode == 0
+
+
+def test_exit_cancels_a_call_still_in_flight(tmp_path: Path) -> None:
+    """A daemon thread blocked in a call at exit is cancelled; the interpreter does not hang."""
+    script = textwrap.dedent(
+        """
+        import atexit, threading
+        import anyio
+        import response_compaction as rc
+        from response_compaction import sync
+        from tests.schemas import FALLBACK, Exact, Summary, big_exact
+
+        started, cancelled = threading.Event(), threading.Event()
+        atexit.register(lambda: print("cancelled", cancelled.is_set()))  # runs after sync's
+
+        class HangingModel:
+            def routes(self, ladder):
+                return ("never-answers",)
+
+            async def complete(self, route, request):
+                started.set()
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    cancelled.set()
+
+        harness = rc.Harness(fs=rc.LocalWorkspace("ws"), llm=HangingModel())
+        options = {"fallback": FALLBACK, "ladder": "x", "summarize_above_bytes": 100,
+                   "timeout_ms": 600000}
+
+        def call():
+            sync.response_compact(harness, big_exact(100), Exact, Summary, options)
+
+        threading.Thread(target=call, daemon=True).start()
+        started.wait()
+        print("exiting")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error", "-c", script],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stdout.split("\n") == ["exiting", "cancelled True", ""]
+    assert done.returncode == 0
+    # The thread learns its call was cancelled; nothing else is reported.
+    assert done.stderr.rstrip().endswith("concurrent.futures._base.CancelledError")
+    assert "Warning" not in done.stderr
