@@ -301,8 +301,10 @@ class _Index:
                 )
             }
 
-    def close(self) -> None:
-        with self.lock:
+    def __del__(self) -> None:
+        # Closed when the last user lets go, not when the cache drops it: a read or write that
+        # fetched this index before may still be using it ("Cannot operate on a closed database").
+        with contextlib.suppress(Exception):
             self.conn.close()
 
 
@@ -355,9 +357,7 @@ def _index_for(root: str) -> _Index:
         index = _Index(root)
         _indexes[key] = index
         while len(_indexes) > _MAX_OPEN_INDEXES:
-            (old_pid, _), old = _indexes.popitem(last=False)
-            if old_pid == os.getpid():
-                old.close()
+            _indexes.popitem(last=False)  # closed by _Index.__del__ once nobody uses it
         return index
 
 

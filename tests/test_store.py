@@ -680,3 +680,31 @@ async def test_fsync_failure_surfaces_as_oserror(
 def test_root_name_matches_the_library() -> None:
     """The helpers look where the library writes."""
     assert ROOT_NAME == _store.ROOT_NAME
+
+
+# ----------------------------------------------------------------------------- many stores
+
+
+async def test_more_stores_than_open_indexes_work_concurrently(tmp_path: Path) -> None:
+    """Many workspaces used at once in one process (more than the index cache) all work."""
+    count = _store._MAX_OPEN_INDEXES + 4
+    failures: list[str] = []
+
+    async def agent(n: int) -> None:
+        harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path / f"ws{n}"), llm=None)
+        for value in values(8, tag=f"agent{n}-"):
+            try:
+                compacted = await compact(harness, value)
+                result = await rc.response_compaction_read_exact(
+                    harness, compacted.receipt.exact_ref, Exact
+                )
+            except Exception as exc:
+                failures.append(repr(exc))
+            else:
+                if result != rc.Found(value=value):
+                    failures.append(repr(result))
+
+    async with anyio.create_task_group() as tg:
+        for n in range(count):
+            tg.start_soon(agent, n)
+    assert failures == []
