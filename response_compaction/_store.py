@@ -33,7 +33,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -538,8 +538,9 @@ class Store:
 
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
         """Read, digest-check and validate one entry; a read counts as a use."""
-        index = await self._index()
-        row = await self._backend.run(index.lookup, kind, key)
+        with _index_errors():
+            index = await self._index()
+            row = await self._backend.run(index.lookup, kind, key)
         now = self.clock()
         if row is None or row[2] <= now:
             return Missing()
@@ -568,22 +569,25 @@ class Store:
             )
         except ValueError as exc:
             return Broken(detail=f"{kind} entry does not verify: {exc}")
-        await self._backend.run(index.touch, kind, key, now)
+        with _index_errors():
+            await self._backend.run(index.touch, kind, key, now)
         return Found(value=value)
 
     async def prune(self, max_entries: int | None = None) -> int:
         """Remove expired entries (and beyond ``max_entries`` per kind) and stale temp files."""
-        index = await self._index()
         now = self.clock()
-        removed = await self._backend.run(index.prune, now, max_entries)
+        with _index_errors():
+            index = await self._index()
+            removed = await self._backend.run(index.prune, now, max_entries)
         removed += await self._backend.run(_sweep_temps, self.root, now - STALE_TEMP_SECONDS)
         return removed
 
     async def verify(self) -> list[EntryReport]:
         """Re-check every recorded entry's bytes against its digest (not its schema)."""
-        index = await self._index()
         now = self.clock()
-        rows = await self._backend.run(index.rows)
+        with _index_errors():
+            index = await self._index()
+            rows = await self._backend.run(index.rows)
         reports = []
         for kind, key, hex_digest, size, expires_at in rows:
             reports.append(
@@ -595,8 +599,18 @@ class Store:
 
     async def counts(self) -> dict[str, int]:
         """Live entries per kind."""
-        index = await self._index()
-        return await self._backend.run(index.counts, self.clock())
+        with _index_errors():
+            index = await self._index()
+            return await self._backend.run(index.counts, self.clock())
+
+
+@contextlib.contextmanager
+def _index_errors() -> Iterator[None]:
+    """Sqlite's exceptions, as the StoreError (an OSError) callers are promised."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreError(f"could not use the store index: {exc}") from exc
 
 
 def _check_entry(

@@ -529,6 +529,28 @@ async def test_symlinked_index_is_refused(
     assert temp_files(store_root(workspace)) == []
 
 
+def _make_root_with_garbage_index(workspace: rc.LocalWorkspace) -> None:
+    root = store_root(workspace)
+    root.mkdir(parents=True, mode=0o700)
+    for sub in ("tmp", "exact", "summary"):
+        (root / sub).mkdir(mode=0o700)
+    (root / "index.sqlite3").write_bytes(b"not a database " * 512)
+
+
+async def test_corrupt_index_raises_store_error(
+    workspace: rc.LocalWorkspace, harness: rc.Harness
+) -> None:
+    """An index that is not a database makes writes and reads raise StoreError, not sqlite's."""
+    _make_root_with_garbage_index(workspace)
+    with pytest.raises(rc.StoreError, match="index"):
+        await compact(harness, A)
+    with pytest.raises(rc.StoreError, match="index"):
+        await read(harness, A)
+    root = store_root(workspace)
+    assert temp_files(root) == []
+    assert entry_files(root) == set()
+
+
 def _dir_named(root: Path, which: str) -> Path:
     return entry_path(root, hex_of(A)).parent if which == "fan-out" else root / which
 
