@@ -44,6 +44,9 @@ class _Absent:
 
 
 ABSENT = _Absent()
+#: A held or hung request gives up after this long, so a broken library fails a test (the
+#: hang becomes a dropped connection or a late reply) instead of hanging the run.
+HOLD_LIMIT_S = 30.0
 Usage = dict[str, Any] | _Absent | None
 USAGE: dict[str, Any] = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
 
@@ -76,12 +79,15 @@ class Body:
 
 @dataclass(frozen=True)
 class Hang:
-    """Never answer: the handler blocks until the server shuts down, then drops the socket."""
+    """Never answer: block until the server shuts down (or HOLD_LIMIT_S), then drop the socket."""
 
 
 @dataclass(frozen=True)
 class Held:
-    """Answer with ``then`` once the test calls :meth:`FakeOpenAI.release` (slow-then-valid)."""
+    """Answer with ``then`` once the test calls :meth:`FakeOpenAI.release` (slow-then-valid).
+
+    A hold that is never released ends after HOLD_LIMIT_S.
+    """
 
     then: Reply | Status | Body
 
@@ -250,10 +256,10 @@ def _handler_for(owner: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 return
             behaviour = owner._next(model)
             if isinstance(behaviour, Held):
-                owner._release.wait()
+                owner._release.wait(HOLD_LIMIT_S)
                 behaviour = behaviour.then
             if isinstance(behaviour, Hang) or owner._closing.is_set():
-                owner._closing.wait()
+                owner._closing.wait(HOLD_LIMIT_S)
                 self.close_connection = True
                 return
             if behaviour is None:
