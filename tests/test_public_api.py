@@ -76,7 +76,7 @@ def test_value_types_are_frozen_and_keyword_only() -> None:
     with pytest.raises(AttributeError):
         receipt.exact_bytes = 2  # type: ignore[misc]
     with pytest.raises(TypeError):
-        rc.Found(1)  # type: ignore[misc]
+        rc.Found(1)  # type: ignore[call-arg]
 
 
 def test_unset_receipt_fields_are_omitted_and_zero_is_kept() -> None:
