@@ -9,12 +9,14 @@ SDK timeout of its own: the whole summary step runs inside one ``anyio.fail_afte
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
 from msgspec import UNSET, UnsetType
 
 from ._summarize import RungReply, SummaryRequest
+
+if TYPE_CHECKING:
+    import openai
 
 __all__ = ["OpenAICatalog"]
 
@@ -27,6 +29,8 @@ class OpenAICatalog:
     """
 
     def __init__(self, client: openai.AsyncOpenAI, ladders: Mapping[str, Sequence[str]]) -> None:
+        import openai
+
         if not isinstance(client, openai.AsyncOpenAI):
             raise TypeError(f"client must be an openai.AsyncOpenAI, got {type(client).__name__}")
         checked: dict[str, tuple[str, ...]] = {}
@@ -55,6 +59,8 @@ class OpenAICatalog:
 
     async def complete(self, route: str, request: SummaryRequest) -> RungReply:
         """One structured completion on ``route``, classified."""
+        import openai
+
         try:
             response = await self._rung_client.chat.completions.create(
                 model=route,
