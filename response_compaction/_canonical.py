@@ -88,7 +88,9 @@ def iter_canonical(value: Any, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes
     """Yield the canonical encoding of ``value`` in pieces of roughly ``piece_bytes``.
 
     The concatenation of the pieces equals ``msgspec.json.encode(value, order="sorted")``
-    exactly. Raises ``ValueError`` for NaN or infinity anywhere in the value.
+    exactly. Dicts with int or float keys, which msgspec will not sort, are written with their
+    keys as JSON strings sorted like any others. Raises ``ValueError`` for NaN or infinity
+    anywhere in the value, keys included.
     """
     if isinstance(value, list | tuple) and len(value) > 1:
         yield from _sequence_pieces(value, piece_bytes)
@@ -179,10 +181,23 @@ def _next_step(step: int, body_bytes: int, piece_bytes: int) -> int:
 
 
 def _encode(value: Any) -> bytes:
-    data = _ENCODER.encode(value)
+    try:
+        data = _ENCODER.encode(value)
+    except TypeError:
+        return _encode_non_str_keys(value)
     if b"null" in data:
         _refuse_non_finite(value)
     return data
+
+
+def _encode_non_str_keys(value: Any) -> bytes:
+    # msgspec sorts only str keys. JSON keys are strings anyway, so an int- or float-keyed dict
+    # (dict[int, X] is a fine schema) is written with its keys as the strings a decoder turns
+    # back into them, sorted like any other keys. Anything else unsupported raises TypeError
+    # here as it did above. Non-finite keys would become "nan"/"inf" strings: refuse them.
+    builtins = msgspec.to_builtins(value, str_keys=True, order="sorted")
+    _walk_for_non_finite(msgspec.to_builtins(value))
+    return _ENCODER.encode(builtins)
 
 
 def _raw_holds_no_float(obj: Any) -> None:
@@ -198,7 +213,11 @@ def _refuse_non_finite(value: Any) -> None:
     # suspicious scan pays for a walk of the value.
     if _NON_FINITE_MSGPACK.search(_MSGPACK.encode(value)) is None:
         return
-    stack: list[Any] = [msgspec.to_builtins(value, enc_hook=_raw_holds_no_float)]
+    _walk_for_non_finite(msgspec.to_builtins(value, enc_hook=_raw_holds_no_float))
+
+
+def _walk_for_non_finite(builtins: Any) -> None:
+    stack: list[Any] = [builtins]
     while stack:
         item = stack.pop()
         if isinstance(item, float):
@@ -207,6 +226,7 @@ def _refuse_non_finite(value: Any) -> None:
                     "exact_response contains NaN or infinity, which canonical JSON refuses"
                 )
         elif isinstance(item, dict):
+            stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)

@@ -22,10 +22,11 @@ from tests._store_support import (
     entry_path,
     hex_of,
     index_rows,
+    options,
     store_root,
     temp_files,
 )
-from tests.schemas import Exact, Row, big_exact
+from tests.schemas import Exact, Row, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
 
@@ -323,6 +324,38 @@ def test_null_with_inf_looking_bytes_is_kept() -> None:
     """None next to bytes that resemble a msgpack infinity still encodes to null."""
     value = [None, b"\xcb\x7f\xf0\x00\x00\x00\x00\x00\x00"]
     assert canonical_bytes(value) == msgspec.json.encode(value)
+
+
+class Keyed(msgspec.Struct):
+    by_id: dict[int, str]
+    weights: dict[float, int] = {}
+
+
+async def test_non_str_keys_round_trip(harness: rc.Harness) -> None:
+    """Dicts keyed by ints or floats are stored with keys sorted as JSON strings and read back."""
+    value = Keyed(by_id={10: "ten", 9: "nine", -1: "minus"}, weights={1.5: 1, 0.25: 2})
+    expected = b'{"by_id":{"-1":"minus","10":"ten","9":"nine"},"weights":{"0.25":2,"1.5":1}}'
+    compacted = await rc.response_compact(harness, value, Keyed, Summary, options())
+    assert compacted.receipt.exact_digest == "sha256:" + hashlib.sha256(expected).hexdigest()
+    root = store_root(harness.fs)
+    assert entry_path(root, hashlib.sha256(expected).hexdigest()).read_bytes() == expected
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Keyed)
+    assert read == rc.Found(value=value)
+
+
+@pytest.mark.parametrize("key", [math.nan, math.inf, -math.inf])
+def test_non_finite_float_keys_are_refused(key: float) -> None:
+    """A NaN or infinite dict key is refused like a NaN value, not written as a string."""
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        canonical_bytes(Keyed(by_id={}, weights={key: 1}))
+
+
+def test_chunked_non_str_keys_match_whole() -> None:
+    """Int-keyed dicts inside a chunked value encode the same whole and in small pieces."""
+    value = [Keyed(by_id={i: str(i), -i: "n"}) for i in range(50)]
+    whole = canonical_bytes(value)
+    assert b"".join(bytes(p) for p in iter_canonical(value, 16)) == whole
+    assert whole.startswith(b'[{"by_id":{"0":"n"},"weights":{}},{"by_id":{"-1":"n","1":"1"}')
 
 
 def test_to_exact_value_reports_msgspec_message() -> None:
