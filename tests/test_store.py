@@ -556,7 +556,7 @@ def _dir_named(root: Path, which: str) -> Path:
 
 
 @pytest.mark.parametrize("which", [".", "tmp", "exact", "fan-out"])
-@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702], ids=oct)
 async def test_shared_mode_is_refused(harness: rc.Harness, which: str, mode: int) -> None:
     """A store directory writable by group or others raises UnsafeStoreError on write and read."""
     await compact(harness, A)
