@@ -24,6 +24,7 @@ import msgspec
 __all__ = [
     "DIGEST_PREFIX",
     "PIECE_BYTES",
+    "Span",
     "canonical_bytes",
     "decode_exact",
     "digest_of",
@@ -42,6 +43,20 @@ _HOLE = re.compile(rb"\x00(\d+)\x00")
 _NON_FINITE_MSGPACK = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]")
 _MSGPACK = msgspec.msgpack.Encoder()
 _FIRST_SLICE = 16
+
+
+class Span(msgspec.Struct, frozen=True, array_like=True):
+    """Where a streamed array lies in the canonical bytes, so a reader can decode it in slices.
+
+    ``field`` is the encoded field name in a top-level struct, or None when the array is the
+    top-level value; ``start``/``end`` bound its brackets; ``slices`` are the ``[a, b)`` byte
+    ranges of each slice's elements (consecutive slices are separated by one comma).
+    """
+
+    field: str | None
+    start: int
+    end: int
+    slices: tuple[tuple[int, int], ...]
 
 
 def to_exact_value(response: Any, schema: Any) -> Any:
@@ -84,95 +99,124 @@ def canonical_bytes(value: Any) -> bytes:
     return b"".join(iter_canonical(value))
 
 
-def iter_canonical(value: Any, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes | memoryview]:
+def iter_canonical(
+    value: Any, piece_bytes: int = PIECE_BYTES, layout: list[Span] | None = None
+) -> Iterator[bytes | memoryview]:
     """Yield the canonical encoding of ``value`` in pieces of roughly ``piece_bytes``.
 
     The concatenation of the pieces equals ``msgspec.json.encode(value, order="sorted")``
-    exactly. Dicts with int or float keys, which msgspec will not sort, are written with their
-    keys as JSON strings sorted like any others. Raises ``ValueError`` for NaN or infinity
-    anywhere in the value, keys included.
+    exactly. Raises ``ValueError`` for NaN or infinity anywhere in the value. When ``layout``
+    is a list, a :class:`Span` is appended for each array streamed in slices at the top level
+    or as a field of a top-level struct, so a reader can decode it slice by slice.
     """
-    if isinstance(value, list | tuple) and len(value) > 1:
-        yield from _sequence_pieces(value, piece_bytes)
-    elif isinstance(value, dict) and len(value) > 1 and all(type(k) is str for k in value):
-        yield from _mapping_pieces(value, piece_bytes)
-    elif isinstance(value, msgspec.Struct) and not value.__struct_config__.omit_defaults:
-        yield from _struct_pieces(value, piece_bytes)
-    else:
-        yield _encode(value)
+    return _Stream(piece_bytes, layout).value(value, top=True)
+
+
+class _Stream:
+    """One encoding in progress: ``pos`` counts the bytes yielded so far."""
+
+    def __init__(self, piece_bytes: int, spans: list[Span] | None) -> None:
+        self.piece_bytes = piece_bytes
+        self.spans = spans
+        self.pos = 0
+
+    def emit(self, piece: bytes | memoryview) -> bytes | memoryview:
+        self.pos += len(piece)
+        return piece
+
+    def value(
+        self, value: Any, *, top: bool = False, field: str | None = None
+    ) -> Iterator[bytes | memoryview]:
+        record = self.spans is not None and (top or field is not None)
+        if isinstance(value, list | tuple) and len(value) > 1:
+            yield from self.sequence(value, record, field)
+        elif isinstance(value, dict) and len(value) > 1 and all(type(k) is str for k in value):
+            yield from self.mapping(value)
+        elif isinstance(value, msgspec.Struct) and not value.__struct_config__.omit_defaults:
+            yield from self.struct(value, top=top)
+        else:
+            yield self.emit(_encode(value))
+
+    def sequence(
+        self, seq: list[Any] | tuple[Any, ...], record: bool, field: str | None
+    ) -> Iterator[bytes | memoryview]:
+        opened = self.pos
+        yield self.emit(b"[")
+        slices: list[tuple[int, int]] = []
+        start, step, count = 0, _FIRST_SLICE, len(seq)
+        while start < count:
+            if start:
+                yield self.emit(b",")
+            if step == 1 and _is_container(seq[start]):
+                # One element alone is already too big for a piece: descend into it.
+                record = False
+                yield from self.value(seq[start])
+                start += 1
+                continue
+            chunk = seq[start : start + step]
+            body = _encode(chunk)
+            began = self.pos
+            yield self.emit(memoryview(body)[1:-1])
+            slices.append((began, self.pos))
+            start += len(chunk)
+            step = _next_step(step, len(body), self.piece_bytes)
+        yield self.emit(b"]")
+        if record and self.spans is not None:
+            self.spans.append(Span(field, opened, self.pos, tuple(slices)))
+
+    def mapping(self, mapping: dict[str, Any]) -> Iterator[bytes | memoryview]:
+        # msgspec sorts str keys by code point, which is what sorted() does, so sorted slices
+        # concatenate into the same order a whole encoding uses.
+        keys = sorted(mapping)
+        yield self.emit(b"{")
+        start, step, count = 0, _FIRST_SLICE, len(keys)
+        while start < count:
+            if start:
+                yield self.emit(b",")
+            if step == 1 and _is_container(mapping[keys[start]]):
+                yield self.emit(_encode(keys[start]))
+                yield self.emit(b":")
+                yield from self.value(mapping[keys[start]])
+                start += 1
+                continue
+            chunk_keys = keys[start : start + step]
+            body = _encode({k: mapping[k] for k in chunk_keys})
+            yield self.emit(memoryview(body)[1:-1])
+            start += len(chunk_keys)
+            step = _next_step(step, len(body), self.piece_bytes)
+        yield self.emit(b"}")
+
+    def struct(self, value: msgspec.Struct, *, top: bool) -> Iterator[bytes | memoryview]:
+        names = [
+            name
+            for name in value.__struct_fields__
+            if _is_container(getattr(value, name))
+            and not isinstance(getattr(value, name), msgspec.Raw)
+        ]
+        if not names:
+            yield self.emit(_encode(value))
+            return
+        placeholders = {name: msgspec.Raw(b"\x00%d\x00" % i) for i, name in enumerate(names)}
+        skeleton = _encode(msgspec.structs.replace(value, **placeholders))
+        parts = _HOLE.split(skeleton)
+        # split() alternates text and captured hole numbers: text, n, text, n, ..., text.
+        if len(parts) != 2 * len(names) + 1:
+            yield self.emit(_encode(value))
+            return
+        encoded_names = dict(
+            zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
+        )
+        for i in range(0, len(parts) - 1, 2):
+            if parts[i]:
+                yield self.emit(parts[i])
+            name = names[int(parts[i + 1])]
+            yield from self.value(getattr(value, name), field=encoded_names[name] if top else None)
+        if parts[-1]:
+            yield self.emit(parts[-1])
 
 
 def _is_container(value: Any) -> bool:
     return isinstance(value, list | tuple | dict | msgspec.Struct)
-
-
-def _sequence_pieces(
-    seq: list[Any] | tuple[Any, ...], piece_bytes: int
-) -> Iterator[bytes | memoryview]:
-    yield b"["
-    start, step, count = 0, _FIRST_SLICE, len(seq)
-    while start < count:
-        if start:
-            yield b","
-        if step == 1 and _is_container(seq[start]):
-            # One element alone is already too big for a piece: descend into it.
-            yield from iter_canonical(seq[start], piece_bytes)
-            start += 1
-            continue
-        chunk = seq[start : start + step]
-        body = _encode(chunk)
-        yield memoryview(body)[1:-1]
-        start += len(chunk)
-        step = _next_step(step, len(body), piece_bytes)
-    yield b"]"
-
-
-def _mapping_pieces(mapping: dict[str, Any], piece_bytes: int) -> Iterator[bytes | memoryview]:
-    # msgspec sorts str keys by code point, which is what sorted() does, so sorted slices
-    # concatenate into the same order a whole encoding uses.
-    keys = sorted(mapping)
-    yield b"{"
-    start, step, count = 0, _FIRST_SLICE, len(keys)
-    while start < count:
-        if start:
-            yield b","
-        if step == 1 and _is_container(mapping[keys[start]]):
-            yield _encode(keys[start])
-            yield b":"
-            yield from iter_canonical(mapping[keys[start]], piece_bytes)
-            start += 1
-            continue
-        chunk_keys = keys[start : start + step]
-        body = _encode({k: mapping[k] for k in chunk_keys})
-        yield memoryview(body)[1:-1]
-        start += len(chunk_keys)
-        step = _next_step(step, len(body), piece_bytes)
-    yield b"}"
-
-
-def _struct_pieces(value: msgspec.Struct, piece_bytes: int) -> Iterator[bytes | memoryview]:
-    holes: dict[str, Any] = {}
-    for name in value.__struct_fields__:
-        field = getattr(value, name)
-        if _is_container(field) and not isinstance(field, msgspec.Raw):
-            holes[name] = field
-    if not holes:
-        yield _encode(value)
-        return
-    names = list(holes)
-    placeholders = {name: msgspec.Raw(b"\x00%d\x00" % i) for i, name in enumerate(names)}
-    skeleton = _encode(msgspec.structs.replace(value, **placeholders))
-    parts = _HOLE.split(skeleton)
-    # split() alternates text and captured hole numbers: text, n, text, n, ..., text.
-    if len(parts) != 2 * len(names) + 1:
-        yield _encode(value)
-        return
-    for i in range(0, len(parts) - 1, 2):
-        if parts[i]:
-            yield parts[i]
-        yield from iter_canonical(holes[names[int(parts[i + 1])]], piece_bytes)
-    if parts[-1]:
-        yield parts[-1]
 
 
 def _next_step(step: int, body_bytes: int, piece_bytes: int) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from msgspec import UNSET, UnsetType
 
-from ._canonical import DIGEST_PREFIX, iter_canonical, to_exact_value
+from ._canonical import DIGEST_PREFIX, Span, iter_canonical, to_exact_value
 from ._models import (
     Broken,
     Compacted,
@@ -65,14 +65,16 @@ async def response_compact(
     value = to_exact_value(exact_response, exact_schema)
     store = await open_store(harness.fs)
     head = _Head(opts.shown_bytes)
+    layout: list[Span] = []
     stored = await store.put(
         "exact",
-        head.watch(iter_canonical(value)),
+        head.watch(iter_canonical(value, layout=layout)),
         key=None,
         schema=exact_schema,
         ttl_seconds=opts.ttl_seconds,
         max_entries=opts.max_entries,
         want_value_up_to=opts.summarize_above_bytes,
+        layout=layout,
     )
     digest = DIGEST_PREFIX + stored.hex_digest
     facts: dict[str, Any] = {

@@ -38,12 +38,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 import anyio.to_process
 
-from ._canonical import decode_exact
+from ._canonical import Span, decode_exact
 from ._errors import StoreError, UnsafeStoreError
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
 from ._models import Broken, Found, Missing
+from ._slices import decode_layout, decode_sliced, encode_layout
 
 __all__ = ["ROOT_NAME", "EntryReport", "Store", "Stored", "open_store"]
 
@@ -175,20 +177,20 @@ class _Index:
             CREATE TABLE IF NOT EXISTS entries (
                 kind TEXT NOT NULL, key TEXT NOT NULL, digest TEXT NOT NULL,
                 size INTEGER NOT NULL, expires_at REAL NOT NULL, last_used REAL NOT NULL,
-                PRIMARY KEY (kind, key)) WITHOUT ROWID;
+                layout BLOB, PRIMARY KEY (kind, key)) WITHOUT ROWID;
             CREATE INDEX IF NOT EXISTS entries_lru ON entries (kind, last_used);
             CREATE INDEX IF NOT EXISTS entries_expiry ON entries (expires_at);
             """
         )
         os.chmod(path, 0o600)
 
-    def lookup(self, kind: Kind, key: str) -> tuple[str, int, float] | None:
+    def lookup(self, kind: Kind, key: str) -> tuple[str, int, float, bytes | None] | None:
         with self.lock:
             row = self.conn.execute(
-                "SELECT digest, size, expires_at FROM entries WHERE kind = ? AND key = ?",
+                "SELECT digest, size, expires_at, layout FROM entries WHERE kind = ? AND key = ?",
                 (kind, key),
             ).fetchone()
-        return None if row is None else (str(row[0]), int(row[1]), float(row[2]))
+        return None if row is None else (str(row[0]), int(row[1]), float(row[2]), row[3])
 
     def touch(self, kind: Kind, key: str, now: float) -> None:
         with self.lock:
@@ -208,6 +210,7 @@ class _Index:
         expires_at: float,
         now: float,
         max_entries: int,
+        layout: bytes | None,
     ) -> bool:
         """Rename the verified temp file into place and record it; True if it was live before."""
         with self.lock, _Dirs(self.root) as dirs:
@@ -221,8 +224,8 @@ class _Index:
                 os.rename(temp_name, key, src_dir_fd=dirs.tmp, dst_dir_fd=fan_fd)
                 os.fsync(fan_fd)
                 self.conn.execute(
-                    "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-                    (kind, key, hex_digest, size, expires_at, now),
+                    "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (kind, key, hex_digest, size, expires_at, now, layout),
                 )
                 self._evict(dirs, kind, key, now, max_entries)
                 self.conn.execute("COMMIT")
@@ -366,20 +369,49 @@ def _index_for(root: str) -> _Index:
 
 def _verify_bytes(data: bytes, hex_digest: str, size: int, schema: Any, *, want_value: bool) -> Any:
     """Digest-check and schema-validate ``data``; raise ``ValueError`` with what is wrong."""
+    _check_bytes(data, hex_digest, size)
+    if len(data) < GC_PAUSE_BYTES:
+        value = decode_exact(data, schema)
+    else:
+        with paused_gc():
+            value = decode_exact(data, schema)
+    return value if want_value else None
+
+
+def _check_bytes(data: bytes, hex_digest: str, size: int) -> None:
+    """Raise ``ValueError`` unless ``data`` is ``size`` bytes hashing to ``hex_digest``."""
     if len(data) != size:
         raise ValueError(f"truncated or padded: {len(data)} bytes on disk, {size} recorded")
     actual = hashlib.sha256(data).hexdigest()
     if actual != hex_digest:
         raise ValueError(f"bytes hash to sha256:{actual}, expected sha256:{hex_digest}")
-    paused = len(data) >= GC_PAUSE_BYTES and gc.isenabled()
-    if paused:
-        gc.disable()
+
+
+_gc_pauses = 0
+_gc_pause_lock = threading.Lock()
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic GC while large decodes run; nested and concurrent uses share one pause.
+
+    A full collection over a freshly decoded tree can cost more than the decode itself (4.4 s
+    against 1.3 s for 89 MB). Decoded values hold no cycles, so nothing is lost by waiting.
+    """
+    global _gc_pauses, _gc_was_enabled
+    with _gc_pause_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
-        value = decode_exact(data, schema)
+        yield
     finally:
-        if paused:
-            gc.enable()
-    return value if want_value else None
+        with _gc_pause_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def _verify_file_in_worker(path: str, hex_digest: str, size: int, schema: Any) -> str | None:
@@ -445,16 +477,19 @@ class Store:
         ttl_seconds: int,
         max_entries: int,
         want_value_up_to: int,
+        layout: list[Span] | None = None,
     ) -> Stored:
         """Write ``pieces`` as one entry, verify it, and publish it atomically.
 
         ``key`` None means content-addressed (the hex digest). The validated value is returned
         when the entry is at most ``want_value_up_to`` bytes (larger ones may be verified in a
-        worker process, and nobody needs their value). ``pieces`` is consumed on the
-        event loop thread, one piece per write, so a lazy encoder never holds the loop for
-        long. Raises ``ValueError`` if the bytes do not validate against ``schema`` and
-        :class:`StoreError` if they cannot be retained; either way nothing is published and
-        no temporary file is left behind, also when cancelled.
+        worker process, and nobody needs their value). ``pieces`` is consumed on the event
+        loop thread, one piece per write, so a lazy encoder never holds the loop for long.
+        ``layout``, if given, is filled by the encoder as ``pieces`` are consumed and kept
+        beside the entry so reads can decode it in slices. Raises ``ValueError`` if the bytes
+        do not validate against ``schema`` and :class:`StoreError` if they cannot be retained;
+        either way nothing is published and no temporary file is left behind, also when
+        cancelled.
         """
         backend = self._backend
         temp_name = f"{secrets.token_hex(12)}.tmp"
@@ -489,6 +524,7 @@ class Store:
                     expires_at=now + ttl_seconds,
                     now=now,
                     max_entries=max_entries,
+                    layout=encode_layout(layout) if layout else None,
                 )
             )
             published = True
@@ -544,7 +580,7 @@ class Store:
         now = self.clock()
         if row is None or row[2] <= now:
             return Missing()
-        hex_digest, size, _ = row
+        hex_digest, size, _, layout = row
         try:
             # Every component from the root down is opened without following links, so a
             # symlinked fan-out directory cannot redirect the read (UnsafeStoreError).
@@ -564,9 +600,14 @@ class Store:
                 return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
             raise StoreError(exc.errno, f"could not read the {kind} entry: {exc.strerror}") from exc
         try:
-            value = await self._backend.run(
-                lambda: _verify_bytes(data, hex_digest, size, schema, want_value=True)
-            )
+            await self._backend.run(_check_bytes, data, hex_digest, size)
+            if size < GC_PAUSE_BYTES:
+                value = decode_exact(data, schema)
+            else:
+                with paused_gc():
+                    value = await decode_sliced(
+                        data, schema, decode_layout(layout), anyio.lowlevel.checkpoint
+                    )
         except ValueError as exc:
             return Broken(detail=f"{kind} entry does not verify: {exc}")
         with _index_errors():

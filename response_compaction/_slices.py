@@ -1,0 +1,145 @@
+"""Decoding a large exact value in slices, so reading it back never freezes the event loop.
+
+msgspec holds the GIL while it decodes: a 90 MB document is one multi-second stall of the
+caller's loop, whichever thread runs it. When the writer streamed a long array in slices it
+recorded where each slice's elements lie (a :class:`Span` per array). The reader decodes
+each slice on its own (``[`` + elements + ``]`` as ``list[T]``), yields to the loop between
+slices, decodes the rest of the document with those arrays emptied, and puts the items back.
+
+This is only done where it provably gives the same value and the same validation as one
+whole decode: the array is the top-level value or a field of a top-level struct, its type is a
+plain ``list[T]`` (no length constraints), the struct has no ``__post_init__``, and the spans
+tile the array exactly with commas between them. Anything else is decoded whole. A span is a
+cutting hint over bytes that were already digest-checked, never a source of data: a wrong
+hint makes a slice fail to decode, and then the whole document is decoded instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
+
+from ._canonical import Span, decode_exact
+
+__all__ = ["Span", "decode_layout", "decode_sliced", "encode_layout"]
+
+
+_LAYOUT_ENCODER = msgspec.json.Encoder()
+_LAYOUT_DECODER = msgspec.json.Decoder(tuple[Span, ...])
+
+
+def encode_layout(spans: Sequence[Span]) -> bytes:
+    """The layout as stored beside an entry."""
+    return _LAYOUT_ENCODER.encode(tuple(spans))
+
+
+def decode_layout(data: bytes | None) -> tuple[Span, ...]:
+    """The stored layout; an unreadable one is no layout (decode whole)."""
+    if not data:
+        return ()
+    try:
+        return _LAYOUT_DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    attr: str | None  # struct attribute to put the items back into; None for the top level
+    span: Span
+    item_list_type: Any
+
+
+def _plain_list(info: mi.Type) -> bool:
+    return isinstance(info, mi.ListType) and info.min_length is None and info.max_length is None
+
+
+@functools.lru_cache(maxsize=256)
+def _list_decoder(list_type: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(list_type)
+
+
+def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | None:
+    if not spans:
+        return None
+    cuts: list[_Cut] = []
+    info = mi.type_info(schema)
+    if isinstance(info, mi.StructType):
+        cls = info.cls
+        if info.array_like or hasattr(cls, "__post_init__"):
+            return None
+        by_name = {f.encode_name: f for f in info.fields}
+        types = {f.name: f.type for f in msgspec.structs.fields(cls)}
+        for span in spans:
+            field = by_name.get(span.field) if span.field is not None else None
+            if field is None or not _plain_list(field.type):
+                return None
+            cuts.append(_Cut(field.name, span, types[field.name]))
+    elif _plain_list(info) and len(spans) == 1 and spans[0].field is None:
+        cuts.append(_Cut(None, spans[0], schema))
+    else:
+        return None
+    previous_end = 0
+    for cut in sorted(cuts, key=lambda c: c.span.start):
+        if not _tiles(data, cut.span) or cut.span.start < previous_end:
+            return None
+        previous_end = cut.span.end
+    return cuts
+
+
+def _tiles(data: bytes, span: Span) -> bool:
+    start, end, slices = span.start, span.end, span.slices
+    if not slices or not (0 <= start < end <= len(data)):
+        return False
+    if data[start] != ord("[") or data[end - 1] != ord("]"):
+        return False
+    expected = start + 1
+    for a, b in slices:
+        if a != expected or b <= a:
+            return False
+        expected = b + 1
+        if b < end - 1 and data[b] != ord(","):
+            return False
+    return expected == end
+
+
+async def decode_sliced(
+    data: bytes, schema: Any, spans: tuple[Span, ...], checkpoint: Callable[[], Awaitable[None]]
+) -> Any:
+    """Decode ``data`` against ``schema``, slice by slice where the layout allows.
+
+    Same result and the same ``ValueError`` cases as :func:`decode_exact` on the whole.
+    """
+    cuts = _plan(data, schema, spans)
+    if cuts is None:
+        return decode_exact(data, schema)
+    view = memoryview(data)
+    items: dict[str | None, list[Any]] = {}
+    try:
+        for cut in cuts:
+            decoder = _list_decoder(cut.item_list_type)
+            collected: list[Any] = []
+            for a, b in cut.span.slices:
+                collected.extend(decoder.decode(b"".join((b"[", view[a:b], b"]"))))
+                await checkpoint()
+            items[cut.attr] = collected
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        # Either the data is invalid (the whole decode says so, with msgspec's message) or
+        # the hint was wrong (the whole decode is right).
+        return decode_exact(data, schema)
+    if None in items:
+        return items[None]
+    ordered = sorted(cuts, key=lambda c: c.span.start)
+    parts: list[bytes | memoryview] = []
+    position = 0
+    for cut in ordered:
+        parts += [view[position : cut.span.start], b"[]"]
+        position = cut.span.end
+    parts.append(view[position:])
+    outer = decode_exact(b"".join(parts), schema)
+    return msgspec.structs.replace(outer, **{str(k): v for k, v in items.items()})

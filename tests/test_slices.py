@@ -1,0 +1,146 @@
+"""Sliced decoding of large exact values: same value and same validation as one whole decode."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+import msgspec
+import pytest
+
+import response_compaction as rc
+from response_compaction._canonical import Span, iter_canonical
+from response_compaction._slices import decode_sliced, encode_layout
+from response_compaction._store import ROOT_NAME
+from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
+
+pytestmark = pytest.mark.anyio
+
+OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
+
+
+class CountingCheckpoint:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        await anyio.lowlevel.checkpoint()
+
+
+class Bounded(msgspec.Struct, frozen=True):
+    rows: Annotated[list[Row], msgspec.Meta(max_length=10)]
+    total: int
+
+
+class Checked(msgspec.Struct, frozen=True):
+    rows: list[Row]
+    total: int
+
+    def __post_init__(self) -> None:
+        if self.total != len(self.rows):
+            raise ValueError("total does not match the rows")
+
+
+def _encoded(value: object, piece_bytes: int = 4096) -> tuple[bytes, tuple[Span, ...]]:
+    spans: list[Span] = []
+    data = b"".join(iter_canonical(value, piece_bytes, layout=spans))
+    return data, tuple(spans)
+
+
+async def test_a_recorded_layout_decodes_slice_by_slice_to_the_same_value() -> None:
+    """Each slice is decoded on its own with a checkpoint after it, and the result is equal."""
+    value = big_exact(5000)
+    data, spans = _encoded(value)
+    assert len(spans) == 1
+    assert spans[0].field == "rows"
+    assert len(spans[0].slices) > 10
+    checkpoint = CountingCheckpoint()
+    assert await decode_sliced(data, Exact, spans, checkpoint) == value
+    assert checkpoint.calls == len(spans[0].slices)
+
+
+async def test_a_top_level_list_decodes_in_slices() -> None:
+    """A list at the top level is sliced too."""
+    rows = big_exact(3000).rows
+    data, spans = _encoded(rows)
+    assert spans[0].field is None
+    checkpoint = CountingCheckpoint()
+    assert await decode_sliced(data, list[Row], spans, checkpoint) == rows
+    assert checkpoint.calls == len(spans[0].slices)
+
+
+async def test_a_length_bound_on_the_list_is_checked_by_a_whole_decode() -> None:
+    """A constrained list is not sliced: the bound is checked exactly as a whole decode would."""
+    data, spans = _encoded(big_exact(2000))
+    checkpoint = CountingCheckpoint()
+    with pytest.raises(ValueError, match="length"):
+        await decode_sliced(data, Bounded, spans, checkpoint)
+    assert checkpoint.calls == 0
+
+
+async def test_a_struct_with_post_init_is_decoded_whole() -> None:
+    """__post_init__ sees the real rows, never an emptied skeleton."""
+    value = big_exact(2000)
+    data, spans = _encoded(value)
+    checkpoint = CountingCheckpoint()
+    decoded = await decode_sliced(data, Checked, spans, checkpoint)
+    assert decoded == Checked(rows=value.rows, total=value.total)
+    assert checkpoint.calls == 0
+
+
+async def test_a_wrong_layout_falls_back_to_the_whole_decode() -> None:
+    """A cut that is not at element boundaries never yields a wrong value."""
+    value = big_exact(2000)
+    data, spans = _encoded(value)
+    span = spans[0]
+    middle = (span.start + span.end) // 2
+    forged = (
+        Span(
+            span.field, span.start, span.end, ((span.start + 1, middle), (middle + 1, span.end - 1))
+        ),
+    )
+    assert await decode_sliced(data, Exact, forged, CountingCheckpoint()) == value
+
+
+async def test_invalid_content_reports_msgspecs_whole_document_error() -> None:
+    """Slices that do not validate give the same error a whole decode gives."""
+    value = big_exact(2000)
+    data, spans = _encoded(value)
+
+    class Strict(msgspec.Struct):
+        rows: list[Annotated[Row, msgspec.Meta()]]
+        total: Annotated[int, msgspec.Meta(lt=0)]
+
+    with pytest.raises(ValueError, match=r"\$\.total"):
+        await decode_sliced(data, Strict, spans, CountingCheckpoint())
+
+
+async def test_large_values_read_back_exactly_through_the_store(harness: rc.Harness) -> None:
+    """A value over the GC-pause threshold is stored with a layout and reads back Found."""
+    value = big_exact(40_000)
+    compacted = await rc.response_compact(harness, value, Exact, Summary, OPTIONS)
+    assert compacted.receipt.exact_bytes > 1 << 20
+    found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    assert found == rc.Found(value=value)
+
+
+async def test_a_tampered_layout_in_the_index_cannot_change_the_value(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """The layout is a cutting hint over digest-checked bytes: forging it changes nothing."""
+    value = big_exact(40_000)
+    compacted = await rc.response_compact(harness, value, Exact, Summary, OPTIONS)
+    hex_digest = compacted.receipt.exact_digest.removeprefix("sha256:")
+    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
+    forged = encode_layout([Span("rows", 8, 40, ((9, 20), (21, 39)))])
+    with sqlite3.connect(index) as conn:
+        conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (forged, hex_digest))
+    found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    assert found == rc.Found(value=value)
+    with sqlite3.connect(index) as conn:
+        conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (b"garbage", hex_digest))
+    found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    assert found == rc.Found(value=value)
