@@ -27,6 +27,7 @@ import gc
 import hashlib
 import os
 import pickle
+import re
 import secrets
 import sqlite3
 import stat
@@ -61,6 +62,8 @@ GC_PAUSE_BYTES = 1 << 20
 #: Temporary files older than this were left by a process that died mid-write.
 STALE_TEMP_SECONDS = 3600.0
 _EXPIRED_PER_COMMIT = 64
+_FANOUT = re.compile(r"[0-9a-f]{2}")
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
 Clock = Callable[[], float]
@@ -283,11 +286,47 @@ class _Index:
                     self.conn.execute("DELETE FROM entries WHERE kind = ? AND key = ?", (kind, key))
                     dirs.unlink(kind, key)
                     removed += 1
+                removed += self._remove_orphans(dirs)
                 self.conn.execute("COMMIT")
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
         return removed
+
+    def _remove_orphans(self, dirs: _Dirs) -> int:
+        # A writer renames its file into place and records the row inside one write
+        # transaction; we hold that lock, so a file without a row was left by a writer that
+        # died between the two. Nobody will ever read it.
+        removed = 0
+        for kind in KINDS:
+            recorded = {
+                key
+                for (key,) in self.conn.execute("SELECT key FROM entries WHERE kind = ?", (kind,))
+            }
+            kind_fd = _open_dir(kind, False, dirs.root_fd)
+            try:
+                fans = [name for name in os.listdir(kind_fd) if _FANOUT.fullmatch(name)]
+            finally:
+                os.close(kind_fd)
+            for fan in fans:
+                fan_fd = dirs.fanout(kind, fan)
+                for name in os.listdir(fan_fd):
+                    if name not in recorded and _HEX_KEY.fullmatch(name):
+                        dirs.unlink(kind, name)
+                        removed += 1
+        return removed
+
+    def remove(self, kind: Kind, key: str) -> None:
+        """Delete one entry, row and file (``prune --broken`` uses it)."""
+        with self.lock, _Dirs(self.root) as dirs:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                self.conn.execute("DELETE FROM entries WHERE kind = ? AND key = ?", (kind, key))
+                dirs.unlink(kind, key)
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
 
     def rows(self) -> list[tuple[Kind, str, str, int, float]]:
         with self.lock:
@@ -615,13 +654,26 @@ class Store:
         return Found(value=value)
 
     async def prune(self, max_entries: int | None = None) -> int:
-        """Remove expired entries (and beyond ``max_entries`` per kind) and stale temp files."""
+        """Remove expired entries, and those beyond ``max_entries`` per kind.
+
+        Also removes files no row names (left by a writer that died mid-commit) and temporary
+        files over an hour old. Returns how many files went.
+        """
         now = self.clock()
         with _index_errors():
             index = await self._index()
             removed = await self._backend.run(index.prune, now, max_entries)
-        removed += await self._backend.run(_sweep_temps, self.root, now - STALE_TEMP_SECONDS)
+        # Temp files carry real file times, so their age is judged by the real clock.
+        removed += await self._backend.run(
+            lambda: _sweep_temps(self.root, time.time() - STALE_TEMP_SECONDS)
+        )
         return removed
+
+    async def remove(self, kind: Kind, key: str) -> None:
+        """Delete one entry (row and file), e.g. one that ``verify`` found broken."""
+        with _index_errors():
+            index = await self._index()
+            await self._backend.run(index.remove, kind, key)
 
     async def verify(self) -> list[EntryReport]:
         """Re-check every recorded entry's bytes against its digest (not its schema)."""

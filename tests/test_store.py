@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -308,7 +309,7 @@ async def test_prune_removes_expired_extra_and_stale_temps(
     await compact(harness, C)
     clock.advance(10)
     root = store_root(workspace)
-    _plant_temps(root, clock.now)
+    _plant_temps(root, time.time())  # temp files carry real file times
     store = await _store.open_store(workspace)
     assert await store.prune(max_entries=1) == 3  # A expired, B beyond the bound, one temp
     assert entry_files(root) == {hex_of(C)}

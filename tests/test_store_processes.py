@@ -113,11 +113,15 @@ async def test_sigkill_mid_write_loses_nothing_completed(
         read = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
         assert read == rc.Found(value=value), (tag, index)
 
-    # The stale-temp sweep, run by a store whose clock is two hours ahead, removes the rest.
-    later = rc.LocalWorkspace(ws, clock=lambda: time.time() + 2 * 3600)
-    store = await _store.open_store(later)
+    # Once the killed writers' temp files are old, prune sweeps them, and the files a writer
+    # renamed but never recorded (killed mid-commit) go too.
+    two_hours_ago = time.time() - 2 * 3600
+    for name in temp_files(root):
+        os.utime(root / "tmp" / name, (two_hours_ago, two_hours_ago))
+    store = await _store.open_store(rc.LocalWorkspace(ws))
     await store.prune()
     assert temp_files(root) == []
+    assert index_rows(root) == entry_files(root)
     assert all(report.state == "found" for report in await store.verify())
     for tag, index in printed:
         value = loop_value(tag, index)
