@@ -271,7 +271,13 @@ def _disk_usage(root: str) -> int:
 async def _prune(args: argparse.Namespace) -> int:
     store = await open_store(LocalWorkspace(args.root))
     before = await anyio.to_thread.run_sync(_disk_usage, store.root)
-    removed = await store.prune(args.max_entries)
+    removed = 0
+    if args.broken:
+        for report in await store.verify():
+            if report.state == "broken":
+                await store.remove(report.kind, report.key)
+                removed += 1
+    removed += await store.prune(args.max_entries)
     after = await anyio.to_thread.run_sync(_disk_usage, store.root)
     _emit(
         {
@@ -446,7 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="remove expired entries and those beyond the LRU bound",
         description=(
             "Remove expired entries, the least recently used entries beyond --max-entries per "
-            "kind, and temporary files left by crashed writers; print what was freed."
+            "kind, files and temporary files left by crashed writers, and with --broken the "
+            "entries verify finds broken; print what was freed."
         ),
     )
     prune.add_argument(
@@ -455,6 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=_DEFAULTS["max_entries"],
         help="keep at most N live entries of each kind (default: %(default)s)",
+    )
+    prune.add_argument(
+        "--broken",
+        action="store_true",
+        help="also re-hash every entry and remove those whose bytes no longer match",
     )
 
     sub.add_parser(

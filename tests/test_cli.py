@@ -336,3 +336,21 @@ def test_demo_round_trip(tmp_path: Path, with_model: bool) -> None:
     else:
         assert "-> fallback (no_llm)" in out
     assert (tmp_path / "response-compaction-v1").is_dir()
+
+
+def test_prune_broken_removes_only_what_verify_finds_broken(tmp_path: Path) -> None:
+    """``prune --broken`` deletes the tampered entry and keeps the intact one."""
+    kept = store_in_process(tmp_path, {"kept": True})
+    tampered = store_in_process(tmp_path, {"tampered": [1, 2, 3]})
+    path = entry_path(tmp_path, tampered)
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0x01
+    path.write_bytes(bytes(data))
+
+    done = cli("prune", "--broken", "--root", tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout)["removed"] == 1
+    assert not path.exists()
+    assert cli("verify", "--root", tmp_path).returncode == 0
+    assert cli("read", kept, "--root", tmp_path).returncode == 0
+    assert cli("read", tampered, "--root", tmp_path).returncode == 3
