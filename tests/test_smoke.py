@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import response_compaction as rc
@@ -20,3 +22,14 @@ async def test_small_response_comes_back_exact_and_reads_back(harness: rc.Harnes
     assert compacted.output.value == value
     read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
     assert read == rc.Found(value=value)
+
+
+async def test_any_as_the_exact_schema_round_trips(harness: rc.Harness) -> None:
+    """typing.Any is a valid exact schema: builtins go in and come back out."""
+    document = {"b": [1, 2.5, None], "a": "small"}
+    compacted = await rc.response_compact(
+        harness, document, Any, Summary, {"fallback": FALLBACK, "ladder": "cheap"}
+    )
+    assert compacted.output == rc.ExactOutput(value=document)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
+    assert read == rc.Found(value=document)
