@@ -1,0 +1,1 @@
+"""Benchmarks for response_compaction: ``python -m benchmarks`` (``nox -s bench``)."""

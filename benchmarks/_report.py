@@ -1,0 +1,292 @@
+"""The printed table, the targets of issue 5, and the JSON for tracking."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ._loop import Freeze
+from ._run import BACKENDS, Memory, Result, Suite
+
+__all__ = ["CAVEATS", "Target", "render", "targets"]
+
+CAVEATS = (
+    "Written by the library's authors, who chose the workloads: read the figures as ours.",
+    "Warm page cache: caches cannot be dropped here, so reads come from memory, and the disk's"
+    " fsync (measured above) is a virtual disk's, which is cheaper than most real disks.",
+    "The floor is single-threaded raw calls that never yield; the library may use the second"
+    " core (a to_process worker verifies large values), so it can beat the floor on wall time.",
+    "The floor, like the library, fsyncs the file and the directory and pauses the GC while it"
+    " decodes; with the GC on, a big typed decode costs about 3x more.",
+    "diskcache stores the canonical bytes as given (no encode, decode, digest or fsync); the"
+    " json peer does no fsync and no check. They do less work than the contract asks.",
+    "Min of few repeats is reported (median beside it); freeze figures come from one separate"
+    " run with the heartbeat beside the operation, and the heartbeat itself adds a little load.",
+)
+
+
+def _time(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f} MB"
+
+
+def _freeze(freeze: Freeze | None) -> tuple[str, str]:
+    if freeze is None:
+        return "-", "-"
+    return f"{freeze.max_ms:.1f} ms", f"{freeze.p99_ms:.1f} ms"
+
+
+def _table(header: list[str], rows: Iterable[list[str]], right: set[int]) -> list[str]:
+    body = [header, *rows]
+    widths = [max(len(row[i]) for row in body) for i in range(len(header))]
+    out = []
+    for n, row in enumerate(body):
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        out.append("  " + "  ".join(cells).rstrip())
+        if n == 0:
+            out.append("  " + "  ".join("-" * w for w in widths))
+    return out
+
+
+def _result_rows(results: list[Result]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        peer = "-"
+        throughput = r.notes.get("throughput_vs_sequential")
+        if throughput is not None:
+            peer = f"throughput {throughput:.2f}x"
+        elif r.vs_peer is not None:
+            peer = f"{r.vs_peer:.2f}x {_short(r.peer)}"
+        gap, p99 = _freeze(r.freeze)
+        rows.append(
+            [
+                r.op,
+                r.loop,
+                _time(r.best) + ("/" + r.per if r.per != "op" else ""),
+                _time(r.median),
+                str(len(r.times)) if r.times else "-",
+                _ratio(r.vs_floor),
+                peer,
+                gap,
+                p99,
+            ]
+        )
+    return rows
+
+
+def _short(name: str | None) -> str:
+    if name is None:
+        return ""
+    if "diskcache" in name:
+        return "diskcache"
+    if name.startswith("compact 2 KB"):
+        return "vs 100"
+    return name.split(" ")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One target of issue 5 and where this run stands."""
+
+    name: str
+    figure: str
+    met: bool | None
+    evaluated_on: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "target": self.name,
+            "figure": self.figure,
+            "met": self.met,
+            "evaluated_on": self.evaluated_on,
+        }
+
+
+def _largest_rows(suite: Suite) -> str | None:
+    sections = [r.section for r in suite.results if r.section.startswith("rows ")]
+    if not sections:
+        return None
+    return max(sections, key=lambda s: float(s.split()[1]))
+
+
+def targets(suite: Suite) -> list[Target]:
+    """Issue 5's targets, evaluated on the largest rows workload this run measured."""
+    found: list[Target] = []
+    section = _largest_rows(suite)
+    if section is not None:
+        for name, op, limit in (
+            ("compaction <= 1.3x floor", "response_compact -> fallback (stored+verified)", 1.3),
+            ("read <= 1.2x floor", "response_compaction_read_exact -> Found", 1.2),
+        ):
+            figures = []
+            ok = True
+            for backend in BACKENDS:
+                row = suite.find(section, op, backend)
+                if row is None or row.vs_floor is None:
+                    ok = False
+                    continue
+                figures.append(f"{backend} {row.vs_floor:.2f}x")
+                ok = ok and row.vs_floor <= limit
+            found.append(Target(name, ", ".join(figures), ok, section))
+        figures = []
+        ok = True
+        for backend in BACKENDS:
+            rows = [
+                r
+                for r in suite.results
+                if r.section == section
+                and r.loop == backend
+                and r.freeze is not None
+                and not r.op.startswith("floor")
+            ]
+            if not rows:
+                ok = False
+                continue
+            worst = max(rows, key=lambda r: r.freeze.max_ms if r.freeze else 0.0)
+            assert worst.freeze is not None
+            figures.append(f"{backend} {worst.freeze.max_ms:.0f} ms ({worst.op})")
+            ok = ok and worst.freeze.max_ms <= 50
+        found.append(Target("longest event-loop freeze <= 50 ms, both loops", "; ".join(figures),
+                            ok, section))  # fmt: skip
+        for mem in (m for m in suite.memory if m.section == section):
+            if mem.op.startswith("floor"):
+                continue
+            found.append(
+                Target(
+                    f"peak memory growth <= 2.5x canonical: {mem.op}",
+                    f"{mem.ratio:.2f}x (+{_mb(mem.caller_peak_growth)};"
+                    f" retained {_mb(mem.caller_retained)})",
+                    mem.ratio <= 2.5,
+                    section,
+                )
+            )
+    scale = [r for r in suite.results if r.section.startswith("store scale") and r.vs_peer]
+    if scale:
+        high = scale[0].section.rsplit(" ", 1)[-1]
+        found.append(
+            Target(
+                f"store ops at {high} entries <= 1.5x at 100 (median; target is at 10,000)",
+                ", ".join(f"{r.loop} {r.vs_peer:.2f}x" for r in scale),
+                all((r.vs_peer or 0) <= 1.5 for r in scale),
+                scale[0].section,
+            )
+        )
+    return found
+
+
+def render(suite: Suite, meta: dict[str, Any], goals: list[Target]) -> str:
+    """The whole report as text."""
+    lines: list[str] = []
+    m, v = meta["machine"], meta["versions"]
+    mount = m["tmp_mount"]
+    same = ", ".join(f"same device as {k}: {'yes' if ok else 'no'}"
+                     for k, ok in m["tmp_same_device_as"].items())  # fmt: skip
+    lines += [
+        f"response_compaction benchmarks ({meta['mode']} mode, {meta['started']})",
+        f"machine: {m['cpu']}, {m['cores']} cores ({m['cores_usable']} usable),"
+        f" {m['ram_gb']} GB RAM, {m['os']}",
+        f"tmp dir: {m['tmp_dir']} on {mount.get('device', '?')} {mount.get('fs', '?')}"
+        f" mounted at {mount.get('mount', '?')} ({same});"
+        f" rotational={mount.get('rotational', '?')}; 4 KB write+fsync {m['fsync_4k_ms']} ms",
+        "versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        f"library measured: {meta['library']}",
+        "load average (1 min) at start {:.2f}, at end {:.2f} on {} cores: other processes"
+        " shared the machine when above ~0.5".format(
+            meta["loadavg_start"][0], meta["loadavg_end"][0], m["cores"]
+        ),
+        "idle loop (1 ms heartbeat, no work): "
+        + ", ".join(
+            f"{b} max {f.max_ms:.1f} ms p99 {f.p99_ms:.1f} ms" for b, f in suite.idle.items()
+        ),
+        "caveats:",
+        *(f"  - {c}" for c in CAVEATS),
+        "",
+        "min/median: wall time per operation (per batch where marked); vs floor / vs peer: min"
+        " over min; freeze: longest and p99 gap of a 1 ms heartbeat on the same loop.",
+    ]
+    header = ["operation", "loop", "min", "median", "n", "vs floor", "vs peer", "freeze", "p99"]
+    sections: list[str] = []
+    for r in suite.results:
+        if r.section not in sections:
+            sections.append(r.section)
+    for section in sections:
+        lines += ["", f"== {section} =="]
+        rows = _result_rows([r for r in suite.results if r.section == section])
+        lines += _table(header, rows, right={2, 3, 4, 5, 7, 8})
+    if suite.memory:
+        lines += [
+            "",
+            "== peak memory: growth of the caller's VmHWM over its RSS before the call"
+            " (each in a fresh process, asyncio) ==",
+        ]
+        lines += _table(
+            [
+                "workload",
+                "operation",
+                "canonical",
+                "peak growth",
+                "x canon.",
+                "retained",
+                "worker peak",
+                "worker growth",
+            ],
+            (_memory_row(mem) for mem in suite.memory),
+            right={2, 3, 4, 5, 6, 7},
+        )
+        lines.append(
+            "  retained: RSS growth still held when the call returns (the returned value);"
+            " worker: the anyio to_process helper's VmHWM (absolute, and growth during the call)."
+        )
+        if not all(mem.reset_ok for mem in suite.memory):
+            lines.append("  note: VmHWM could not be reset; growth is measured from the build peak")
+    lines += ["", "== targets (issue 5) =="]
+    lines += _table(
+        ["target", "figure", "verdict", "on"],
+        (
+            [
+                g.name,
+                g.figure,
+                "met" if g.met else ("not met" if g.met is False else "n/a"),
+                g.evaluated_on,
+            ]
+            for g in goals
+        ),
+        right=set(),
+    )
+    if meta["mode"] == "quick":
+        lines.append(
+            "  quick mode: targets are for the 90 MB rows workload; run --full to evaluate them."
+        )
+    lines.append(f"\nfinished in {meta['duration_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def _memory_row(mem: Memory) -> list[str]:
+    return [
+        mem.section,
+        mem.op,
+        _mb(mem.canonical_bytes),
+        "+" + _mb(mem.caller_peak_growth),
+        f"{mem.ratio:.2f}x",
+        _mb(mem.caller_retained),
+        _mb(mem.worker_peak),
+        _mb(mem.worker_peak_growth),
+    ]
