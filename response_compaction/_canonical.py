@@ -71,9 +71,9 @@ def to_exact_value(response: Any, schema: Any) -> Any:
             return _decoder(schema).decode(response)
         # Only a struct instance is taken as is: other "types" (typing.Any on 3.11 is one)
         # may refuse isinstance, and convert() handles them all.
-        if isinstance(schema, type) and issubclass(schema, msgspec.Struct):
-            if isinstance(response, schema):
-                return response
+        struct_schema = isinstance(schema, type) and issubclass(schema, msgspec.Struct)
+        if struct_schema and isinstance(response, schema):
+            return response
         return msgspec.convert(response, schema)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ValueError(f"exact_response does not validate against exact_schema: {exc}") from None

@@ -490,7 +490,14 @@ async def open_store(fs: Any) -> Store:
     """The store below ``fs.workspace_temp_dir()``, created and checked on first use."""
     backend = current_backend()
     base = os.fspath(fs.workspace_temp_dir())
-    root = await backend.run(_prepare_root, base)
+    try:
+        root = await backend.run(_prepare_root, base)
+    except StoreError:
+        raise
+    except OSError as exc:
+        raise StoreError(
+            exc.errno, f"cannot use the workspace {base!r} for the store: {exc.strerror or exc}"
+        ) from exc
     clock: Clock = getattr(fs, "clock", None) or time.time
     return Store(root, clock, backend)
 

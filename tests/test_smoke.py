@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,3 +34,17 @@ async def test_any_as_the_exact_schema_round_trips(harness: rc.Harness) -> None:
     assert compacted.output == rc.ExactOutput(value=document)
     read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
     assert read == rc.Found(value=document)
+
+
+async def test_an_unwritable_workspace_is_a_store_error(tmp_path: Path) -> None:
+    """A workspace that cannot hold the store raises StoreError (an OSError), not a receipt."""
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"not a directory")
+    harness = rc.Harness(fs=rc.LocalWorkspace(blocker / "ws"), llm=None)
+    value = Exact(rows=[Row(id=1, name="a")], total=1)
+    with pytest.raises(rc.StoreError) as caught:
+        await rc.response_compact(
+            harness, value, Exact, Summary, {"fallback": FALLBACK, "ladder": "cheap"}
+        )
+    assert isinstance(caught.value, OSError)
+    assert caught.value.errno is not None
