@@ -2,7 +2,10 @@
 
 Every request is answered by the behaviour scripted for its ``model``: a JSON reply (any
 content, refusal, finish reason and usage), an HTTP error status, a reply held until the test
-releases it, or a hang that lasts until the server shuts down. The server runs in a
+releases it, or a hang that lasts until the server shuts down. A server made with
+``fill_unscripted=True`` answers unscripted models with a value that fills in the requested
+schema (for CLI, sync and README tests that only need "a model that works"). It counts TCP
+connections, so a test can tell whether a client reused its connection. The server runs in a
 background thread (stdlib ``ThreadingHTTPServer``), so it works the same under asyncio and
 trio, and it logs every request (parsed JSON body, arrival per model) for the test to inspect.
 Nothing here sleeps: a held request waits on a ``threading.Event``.
@@ -32,6 +35,7 @@ __all__ = [
     "Status",
     "Usage",
     "fake_openai",
+    "instance_of",
     "summary_reply",
 ]
 
@@ -100,6 +104,24 @@ def summary_reply(value: Any, *, usage: Usage = USAGE, finish_reason: str = "sto
     return Reply(content=json.dumps(value), usage=usage, finish_reason=finish_reason)
 
 
+def instance_of(schema: dict[str, Any], name: str = "value") -> Any:
+    """A small value that validates against a strict structured-output JSON schema."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    if "anyOf" in schema:
+        return instance_of(schema["anyOf"][0], name)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = kind[0]
+    if kind == "object":
+        return {key: instance_of(sub, key) for key, sub in schema.get("properties", {}).items()}
+    if kind == "array":
+        return [instance_of(schema.get("items", {}), name)]
+    return {"string": f"fake {name}", "integer": 1, "number": 1.5, "boolean": True}.get(str(kind))
+
+
 @dataclass(frozen=True)
 class Request:
     """One request as the server saw it."""
@@ -113,7 +135,9 @@ class Request:
 class FakeOpenAI:
     """The server. ``base_url`` goes to ``openai.AsyncOpenAI(base_url=...)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fill_unscripted: bool = False) -> None:
+        self.fill_unscripted = fill_unscripted
+        self.connections = 0
         self._lock = threading.Lock()
         self._scripts: dict[str, list[Behaviour]] = {}
         self._arrived: dict[str, threading.Event] = {}
@@ -170,6 +194,13 @@ class FakeOpenAI:
     def start(self) -> None:
         self._thread.start()
 
+    def __enter__(self) -> FakeOpenAI:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Free every blocked handler, stop serving, and wait for the handler threads."""
         self._closing.set()
@@ -180,11 +211,15 @@ class FakeOpenAI:
 
     # -------------------------------------------------------------------- serving
 
-    def _next(self, model: str) -> Behaviour | None:
+    def _next(self, model: str, body: dict[str, Any]) -> Behaviour | None:
         with self._lock:
             script = self._scripts.get(model)
             if not script:
-                return None
+                if not self.fill_unscripted:
+                    return None
+                response_format = body.get("response_format") or {}
+                schema = response_format.get("json_schema", {}).get("schema", {})
+                return summary_reply(instance_of(schema))
             return script.pop(0) if len(script) > 1 else script[0]
 
     def _log(self, request: Request) -> int:
@@ -240,6 +275,11 @@ def _handler_for(owner: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
+        def setup(self) -> None:
+            super().setup()
+            with owner._lock:
+                owner.connections += 1
+
         def do_POST(self) -> None:
             started = time.perf_counter()
             length = int(self.headers.get("content-length", "0"))
@@ -254,7 +294,7 @@ def _handler_for(owner: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             if not self.path.endswith("/chat/completions"):
                 self._json(404, {"error": {"message": f"no route {self.path}"}})
                 return
-            behaviour = owner._next(model)
+            behaviour = owner._next(model, body)
             if isinstance(behaviour, Held):
                 owner._release.wait(HOLD_LIMIT_S)
                 behaviour = behaviour.then

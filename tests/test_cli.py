@@ -17,7 +17,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import sync
-from tests.fake_openai_server import FakeOpenAI
+from tests.fake_openai import FakeOpenAI
 
 REPO = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("compact", "read", "verify", "prune", "mcp", "demo")
@@ -170,7 +170,7 @@ def test_compact_with_a_model_and_custom_schemas(tmp_path: Path) -> None:
     """With OPENAI_BASE_URL and --model set, large input is summarized by that model."""
     fallback = json.dumps({"overview": "kept", "critical_facts": []})
     document = {"rows": [{"id": i, "name": "x" * 30} for i in range(500)], "total": 500}
-    with FakeOpenAI() as server:
+    with FakeOpenAI(fill_unscripted=True) as server:
         env = clean_env(OPENAI_BASE_URL=server.base_url)
         done = cli(
             "compact",
@@ -198,8 +198,8 @@ def test_compact_with_a_model_and_custom_schemas(tmp_path: Path) -> None:
     assert set(result["output"]["value"]) == {"overview", "critical_facts"}
     assert result["receipt"]["route"] == "small-model"
     assert result["receipt"]["ladder"] == "default"
-    assert [request["model"] for request in server.requests] == ["small-model"]
-    assert "count the rows" in server.requests[0]["messages"][0]["content"]
+    assert [body["model"] for body in server.bodies()] == ["small-model"]
+    assert "count the rows" in server.bodies()[0]["messages"][0]["content"]
 
 
 def test_progress_on_a_terminal(tmp_path: Path) -> None:
@@ -322,7 +322,7 @@ def test_bad_input_and_bad_usage(tmp_path: Path) -> None:
 @pytest.mark.parametrize("with_model", [False, True], ids=["no-model", "model"])
 def test_demo_round_trip(tmp_path: Path, with_model: bool) -> None:
     """The demo compacts a generated response, reads it back equal, and exits 0."""
-    with FakeOpenAI() as server:
+    with FakeOpenAI(fill_unscripted=True) as server:
         env = clean_env(OPENAI_BASE_URL=server.base_url, RESPONSE_COMPACTION_MODEL="m1,m2")
         done = cli("demo", "--orders", "3000", "--root", tmp_path, env=env if with_model else None)
     assert done.returncode == 0, done.stderr.decode()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_openai_server import FakeOpenAI
+from tests.fake_openai import FakeOpenAI
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -56,7 +56,7 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
     """Each ```python block of the README runs in a fresh interpreter and prints what it says."""
     script = tmp_path / "example.py"
     script.write_text(code)
-    with FakeOpenAI() as server:
+    with FakeOpenAI(fill_unscripted=True) as server:
         env = {
             k: v
             for k, v in os.environ.items()
@@ -87,4 +87,4 @@ def test_readme_example_runs(code: str, tmp_path: Path) -> None:
     if "OpenAICatalog" in code:
         assert lines[0].startswith("summarized ")
         assert lines[1] == "fake-small 11 7"
-        assert [request["model"] for request in server.requests] == ["fake-small"]
+        assert [body["model"] for body in server.bodies()] == ["fake-small"]

@@ -15,7 +15,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import sync
-from tests.fake_openai_server import FakeOpenAI
+from tests.fake_openai import FakeOpenAI
 from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
 OPTIONS = {"fallback": FALLBACK, "ladder": "cheap", "summarize_above_bytes": 2000}
@@ -105,7 +105,7 @@ def test_refuses_inside_a_plain_asyncio_callback(harness: rc.Harness) -> None:
 
 def test_one_client_one_connection_across_calls(harness: rc.Harness) -> None:
     """An AsyncOpenAI client in the harness keeps one connection over calls; close() closes it."""
-    with FakeOpenAI() as server:
+    with FakeOpenAI(fill_unscripted=True) as server:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
         model_harness = rc.Harness(
             fs=harness.fs, llm=rc.OpenAICatalog(client, {"cheap": ["small-model"]})
@@ -136,10 +136,10 @@ def test_nothing_left_behind_at_interpreter_exit(tmp_path: Path) -> None:
         import openai
         import response_compaction as rc
         from response_compaction import sync
-        from tests.fake_openai_server import FakeOpenAI
+        from tests.fake_openai import FakeOpenAI
         from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
-        with FakeOpenAI() as server:
+        with FakeOpenAI(fill_unscripted=True) as server:
             client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
             harness = rc.Harness(
                 fs=rc.LocalWorkspace("ws"), llm=rc.OpenAICatalog(client, {"cheap": ["m"]})
