@@ -406,17 +406,6 @@ def _index_for(root: str) -> _Index:
 # ----------------------------------------------------------------------------- verification
 
 
-def _verify_bytes(data: bytes, hex_digest: str, size: int, schema: Any, *, want_value: bool) -> Any:
-    """Digest-check and schema-validate ``data``; raise ``ValueError`` with what is wrong."""
-    _check_bytes(data, hex_digest, size)
-    if len(data) < GC_PAUSE_BYTES:
-        value = decode_exact(data, schema)
-    else:
-        with paused_gc():
-            value = decode_exact(data, schema)
-    return value if want_value else None
-
-
 def _check_bytes(data: bytes, hex_digest: str, size: int) -> None:
     """Raise ``ValueError`` unless ``data`` is ``size`` bytes hashing to ``hex_digest``."""
     if len(data) != size:
@@ -463,7 +452,8 @@ def _verify_file_in_worker(path: str, hex_digest: str, size: int, schema: Any) -
         data = file.readall()
     gc.disable()
     try:
-        _verify_bytes(data, hex_digest, size, schema, want_value=False)
+        _check_bytes(data, hex_digest, size)
+        decode_exact(data, schema)
     except ValueError as exc:
         return str(exc)
     finally:
@@ -556,7 +546,12 @@ class Store:
             file = None
             hex_digest = hasher.hexdigest()
             value = await self._verify_temp(
-                temp_path, hex_digest, size, schema, want_value=size <= want_value_up_to
+                temp_path,
+                hex_digest,
+                size,
+                schema,
+                tuple(layout or ()),
+                want_value=size <= want_value_up_to,
             )
             index = await self._index()
             now = self.clock()
@@ -592,7 +587,14 @@ class Store:
                 await backend.run(os.close, tmp_fd)
 
     async def _verify_temp(
-        self, path: str, hex_digest: str, size: int, schema: Any, *, want_value: bool
+        self,
+        path: str,
+        hex_digest: str,
+        size: int,
+        schema: Any,
+        spans: tuple[Span, ...],
+        *,
+        want_value: bool,
     ) -> Any:
         if size >= PROCESS_VERIFY_BYTES and not want_value and _worker_can_load(schema):
             try:
@@ -606,9 +608,18 @@ class Store:
                     raise ValueError(problem)
                 return None
         data = await self._read(path)
-        return await self._backend.run(
-            lambda: _verify_bytes(data, hex_digest, size, schema, want_value=want_value)
-        )
+        value = await self._checked_value(data, hex_digest, size, schema, spans)
+        return value if want_value else None
+
+    async def _checked_value(
+        self, data: bytes, hex_digest: str, size: int, schema: Any, spans: tuple[Span, ...]
+    ) -> Any:
+        """Digest-check ``data`` off the loop, then decode it, in slices when it is large."""
+        await self._backend.run(_check_bytes, data, hex_digest, size)
+        if size < GC_PAUSE_BYTES:
+            return decode_exact(data, schema)
+        with paused_gc():
+            return await decode_sliced(data, schema, spans, anyio.lowlevel.checkpoint)
 
     async def _read(self, path: str, dir_fd: int | None = None) -> bytes:
         file = await self._backend.open(path, "rb", _regular_opener(dir_fd))
@@ -646,14 +657,7 @@ class Store:
                 return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
             raise StoreError(exc.errno, f"could not read the {kind} entry: {exc.strerror}") from exc
         try:
-            await self._backend.run(_check_bytes, data, hex_digest, size)
-            if size < GC_PAUSE_BYTES:
-                value = decode_exact(data, schema)
-            else:
-                with paused_gc():
-                    value = await decode_sliced(
-                        data, schema, decode_layout(layout), anyio.lowlevel.checkpoint
-                    )
+            value = await self._checked_value(data, hex_digest, size, schema, decode_layout(layout))
         except ValueError as exc:
             return Broken(detail=f"{kind} entry does not verify: {exc}")
         with _index_errors():

@@ -144,3 +144,12 @@ async def test_a_tampered_layout_in_the_index_cannot_change_the_value(
         conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (b"garbage", hex_digest))
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
     assert found == rc.Found(value=value)
+
+
+async def test_a_large_exact_output_is_verified_in_slices_and_equal(harness: rc.Harness) -> None:
+    """With a threshold above its size, a multi-MB value comes back as the exact output, equal."""
+    value = big_exact(40_000)
+    options = {**OPTIONS, "summarize_above_bytes": 16_000_000}
+    compacted = await rc.response_compact(harness, value, Exact, Summary, options)
+    assert compacted.receipt.exact_bytes > 1 << 20
+    assert compacted.output == rc.ExactOutput(value=value)
