@@ -22,6 +22,19 @@ OPTIONS = {"fallback": FALLBACK, "ladder": "cheap", "summarize_above_bytes": 200
 REPO = Path(__file__).resolve().parent.parent
 
 
+def run_script(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh interpreter with warnings as errors (dev mode)."""
+    return subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error", "-c", script],
+        cwd=cwd,
+        env={"PYTHONPATH": str(REPO), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_same_names_and_arguments_as_the_coroutines() -> None:
     """Each blocking twin takes exactly the arguments of its coroutine."""
     for name in ("response_compact", "response_compaction_read_exact"):
@@ -150,15 +163,7 @@ def test_nothing_left_behind_at_interpreter_exit(tmp_path: Path) -> None:
                 print(out.output.kind)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-X", "dev", "-W", "error", "-c", script],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(REPO), "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_script(script, tmp_path)
     assert done.stderr == ""
     assert done.returncode == 0
     assert done.stdout.split("\n") == ["summarized", "summarized", "threads at exit: 1", ""]
@@ -202,15 +207,7 @@ def test_ctrl_c_cancels_the_coroutine(tmp_path: Path) -> None:
         print("cancelled", cancelled.wait(30))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-X", "dev", "-W", "error", "-c", script],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(REPO), "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_script(script, tmp_path)
     assert done.stderr == ""
     assert done.stdout.split("\n") == ["interrupted", "cancelled True", ""]
     assert done.returncode == 0
@@ -252,15 +249,7 @@ def test_exit_cancels_a_call_still_in_flight(tmp_path: Path) -> None:
         print("exiting")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-X", "dev", "-W", "error", "-c", script],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(REPO), "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_script(script, tmp_path)
     assert done.stdout.split("\n") == ["exiting", "cancelled True", ""]
     assert done.returncode == 0
     # The thread learns its call was cancelled; nothing else is reported.
