@@ -177,37 +177,25 @@ def test_ctrl_c_cancels_the_coroutine(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import os, signal, threading
-        import anyio
         import response_compaction as rc
         from response_compaction import sync
+        from tests._hanging import HANG_OPTIONS, HangingModel
         from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
-        started, cancelled = threading.Event(), threading.Event()
-
-        class HangingModel:
-            def routes(self, ladder):
-                return ("never-answers",)
-
-            async def complete(self, route, request):
-                started.set()
-                try:
-                    await anyio.sleep_forever()
-                finally:
-                    cancelled.set()
+        model = HangingModel()
 
         def press_ctrl_c():
-            started.wait()
+            model.started.wait()
             os.kill(os.getpid(), signal.SIGINT)
 
         threading.Thread(target=press_ctrl_c, daemon=True).start()
-        harness = rc.Harness(fs=rc.LocalWorkspace("ws"), llm=HangingModel())
-        options = {"fallback": FALLBACK, "ladder": "x", "summarize_above_bytes": 100,
-                   "timeout_ms": 600000}
+        harness = rc.Harness(fs=rc.LocalWorkspace("ws"), llm=model)
+        options = {"fallback": FALLBACK, **HANG_OPTIONS}
         try:
             sync.response_compact(harness, big_exact(100), Exact, Summary, options)
         except KeyboardInterrupt:
             print("interrupted")
-        print("cancelled", cancelled.wait(30))
+        print("cancelled", model.cancelled.wait(30))
         """
     )
     done = run_script(script, tmp_path)
@@ -221,40 +209,29 @@ def test_exit_cancels_a_call_still_in_flight(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import atexit, threading
-        import anyio
         import response_compaction as rc
         from response_compaction import sync
+        from tests._hanging import HANG_OPTIONS, HangingModel
         from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
-        started, cancelled = threading.Event(), threading.Event()
-        atexit.register(lambda: print("cancelled", cancelled.is_set()))  # runs after sync's
-
-        class HangingModel:
-            def routes(self, ladder):
-                return ("never-answers",)
-
-            async def complete(self, route, request):
-                started.set()
-                try:
-                    await anyio.sleep_forever()
-                finally:
-                    cancelled.set()
-
-        harness = rc.Harness(fs=rc.LocalWorkspace("ws"), llm=HangingModel())
-        options = {"fallback": FALLBACK, "ladder": "x", "summarize_above_bytes": 100,
-                   "timeout_ms": 600000}
+        model = HangingModel()
+        atexit.register(lambda: print("cancelled", model.cancelled.is_set()))  # after sync's
+        harness = rc.Harness(fs=rc.LocalWorkspace("ws"), llm=model)
+        options = {"fallback": FALLBACK, **HANG_OPTIONS}
 
         def call():
             sync.response_compact(harness, big_exact(100), Exact, Summary, options)
 
         threading.Thread(target=call, daemon=True).start()
-        started.wait()
+        model.started.wait()
         print("exiting")
         """
     )
     done = run_script(script, tmp_path)
     assert done.stdout.split("\n") == ["exiting", "cancelled True", ""]
     assert done.returncode == 0
-    # The thread learns its call was cancelled; nothing else is reported.
-    assert done.stderr.rstrip().endswith("concurrent.futures._base.CancelledError")
+    # Nothing is reported but, at most, the daemon thread learning that its call was
+    # cancelled (whether it prints that before the interpreter is gone is a race).
+    stderr = done.stderr.rstrip()
+    assert stderr == "" or stderr.endswith("concurrent.futures._base.CancelledError")
     assert "Warning" not in done.stderr
