@@ -773,11 +773,10 @@ def _check_entry(
         return EntryReport(kind, key, "broken", size, f"cannot open: {exc.strerror or exc}")
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
-    if len(data) != size:
-        return EntryReport(kind, key, "broken", size, f"{len(data)} bytes, {size} recorded")
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != hex_digest:
-        return EntryReport(kind, key, "broken", size, "bytes do not match the recorded digest")
+    try:
+        _check_bytes(data, hex_digest, size)
+    except ValueError as exc:
+        return EntryReport(kind, key, "broken", size, str(exc))
     return EntryReport(kind, key, "expired" if expired else "found", size)
 
 
