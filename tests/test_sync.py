@@ -230,8 +230,8 @@ def test_exit_cancels_a_call_still_in_flight(tmp_path: Path) -> None:
     done = run_script(script, tmp_path)
     assert done.stdout.split("\n") == ["exiting", "cancelled True", ""]
     assert done.returncode == 0
-    # Nothing is reported but, at most, the daemon thread learning that its call was
-    # cancelled (whether it prints that before the interpreter is gone is a race).
-    stderr = done.stderr.rstrip()
-    assert stderr == "" or stderr.endswith("concurrent.futures._base.CancelledError")
+    # Nothing is reported but, at most, the daemon thread's traceback for its cancelled call:
+    # how much of it is printed before the interpreter is gone is a race (none, part, all).
+    assert done.stderr == "" or done.stderr.startswith("Exception in thread Thread-1 (call):")
+    assert done.stderr.count("Exception in thread") <= 1
     assert "Warning" not in done.stderr
