@@ -46,6 +46,8 @@ _portal_cm: AbstractContextManager[BlockingPortal] | None = None
 # Clients bound to the background loop, closed on that loop before it stops.
 _clients: weakref.WeakSet[Any] = weakref.WeakSet()
 _atexit_registered = False
+# Set once the interpreter is exiting: see _run.
+_exiting = threading.Event()
 
 
 def response_compact(
@@ -83,8 +85,9 @@ def close() -> None:
 
     Calls still in flight in other threads are cancelled (they raise
     ``concurrent.futures.CancelledError``). Runs by itself at interpreter exit, so a daemon
-    thread blocked in a call cannot hang the exit. Safe to call more than once; the next
-    blocking call starts a new loop.
+    thread blocked in a call cannot hang the exit; there the call's coroutine is cancelled
+    (its cleanup runs) and the waiting thread is left asleep for the interpreter to end.
+    Safe to call more than once; the next blocking call starts a new loop.
     """
     global _portal, _portal_cm
     with _lock:
@@ -99,6 +102,11 @@ def close() -> None:
             portal.call(portal.stop, True)  # cancel calls still in flight in other threads
         finally:
             portal_cm.__exit__(None, None, None)  # joins the loop thread
+
+
+def _close_at_exit() -> None:
+    _exiting.set()
+    close()
 
 
 async def _close_clients(clients: list[Any]) -> None:
@@ -117,6 +125,11 @@ def _run(name: str, harness: Any, func: Callable[..., Awaitable[T]], *args: Any)
         # Ctrl-C (or any exception raised in this thread while waiting) cancels the coroutine
         # too, instead of leaving it running unseen; its own cleanup is shielded.
         future.cancel()
+        if _exiting.is_set():
+            # The exit hook cancelled this call. Waking a daemon thread to raise and print
+            # into an interpreter that is finalizing can abort the process (stderr's lock);
+            # stay asleep: the interpreter ends daemon threads where they stand.
+            threading.Event().wait()
         raise
 
 
@@ -129,7 +142,7 @@ def _portal_for(name: str, harness: Any) -> BlockingPortal:
             _portal_cm = start_blocking_portal("asyncio", name="response-compaction-sync")
             _portal = _portal_cm.__enter__()
             if not _atexit_registered:
-                atexit.register(close)
+                atexit.register(_close_at_exit)
                 _atexit_registered = True
         if client is not None and inspect.iscoroutinefunction(getattr(client, "close", None)):
             _clients.add(client)
@@ -156,8 +169,9 @@ def _refuse_inside_event_loop(name: str) -> None:
 
 def _forget_after_fork() -> None:
     # The loop thread does not exist in a forked child: start afresh there.
-    global _lock, _portal, _portal_cm, _clients
+    global _lock, _portal, _portal_cm, _clients, _exiting
     _lock = threading.Lock()
+    _exiting = threading.Event()
     _portal = _portal_cm = None
     _clients = weakref.WeakSet()
 

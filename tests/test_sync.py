@@ -230,8 +230,6 @@ def test_exit_cancels_a_call_still_in_flight(tmp_path: Path) -> None:
     done = run_script(script, tmp_path)
     assert done.stdout.split("\n") == ["exiting", "cancelled True", ""]
     assert done.returncode == 0
-    # Nothing is reported but, at most, the daemon thread's traceback for its cancelled call:
-    # how much of it is printed before the interpreter is gone is a race (none, part, all).
-    assert done.stderr == "" or done.stderr.startswith("Exception in thread Thread-1 (call):")
-    assert done.stderr.count("Exception in thread") <= 1
-    assert "Warning" not in done.stderr
+    # The coroutine was cancelled (its cleanup ran); the daemon thread was not woken to print
+    # into a finalizing interpreter, which could abort the process.
+    assert done.stderr == ""
