@@ -103,7 +103,7 @@ class Store:
         self._backend = backend
 
     @contextlib.asynccontextmanager
-    async def _index(self) -> AsyncIterator[Index]:
+    async def _using_index(self) -> AsyncIterator[Index]:
         with map_errors(_INDEX_ERRORS):
             index = await self._backend.run(_index.acquire, self.root)
         try:
@@ -149,8 +149,8 @@ class Store:
                 row = Row(
                     hex_digest, size, now + ttl_seconds, encode_layout(layout) if layout else None
                 )
-                async with self._index() as index:
-                    with map_errors(f"could not retain the {kind} value"):
+                async with self._using_index() as index:
+                    with map_errors(f"could not publish the {kind} value in the store index"):
                         reused = await backend.run(
                             publish,
                             index,
@@ -208,7 +208,7 @@ class Store:
 
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
         """Read, digest-check and validate one entry; a read counts as a use."""
-        async with self._index() as index:
+        async with self._using_index() as index:
             row = await self._backend.run(index.lookup, kind, key)
             now = self.clock()
             if row is None or row.expires_at <= now:
@@ -251,7 +251,7 @@ class Store:
         files over an hour old. Returns how many files went.
         """
         now = self.clock()
-        async with self._index() as index:
+        async with self._using_index() as index:
             removed = await self._backend.run(_prune, index, now, max_entries)
         # Temp files carry real file times, so their age is judged by the real clock.
         with map_errors("could not sweep the store's temporary files"):
@@ -262,13 +262,13 @@ class Store:
 
     async def remove(self, kind: Kind, key: str) -> None:
         """Delete one entry (row and file), e.g. one that ``verify`` found broken."""
-        async with self._index() as index:
+        async with self._using_index() as index:
             await self._backend.run(_remove, index, kind, key)
 
     async def verify(self) -> list[EntryReport]:
         """Re-check every recorded entry's bytes against its digest (not its schema)."""
         now = self.clock()
-        async with self._index() as index:
+        async with self._using_index() as index:
             entries = await self._backend.run(index.entries)
         return [
             await self._backend.run(check_entry, self.root, entry, entry.expires_at <= now)
@@ -277,7 +277,7 @@ class Store:
 
     async def counts(self) -> dict[str, int]:
         """Live entries per kind."""
-        async with self._index() as index:
+        async with self._using_index() as index:
             return await self._backend.run(index.counts, self.clock())
 
 
