@@ -190,9 +190,11 @@ class Store:
                 size += len(piece)
                 await _write_all(file, piece)
             await backend.run(os.fsync, file.fileno())
-        finally:
+        except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
                 await file.close()
+            raise
+        await file.close()  # a failing close after fsync is still a failure to retain
         hex_digest = hasher.hexdigest()
         temp_path = os.path.join(self.root, "tmp", temp_name)
         value = await verify_file(
