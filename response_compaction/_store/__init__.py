@@ -32,18 +32,18 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 from .._canonical import Span
-from .._errors import map_errors
+from .._errors import StoreError, map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
-from ._index import Index, Row
+from ._index import Index, IndexBusy, Row
 from ._paths import (
     KINDS,
     ROOT_NAME,
@@ -63,7 +63,12 @@ from ._verify import EntryReport, check_entry, checked_value, read_all, verify_f
 __all__ = ["KINDS", "ROOT_NAME", "EntryReport", "Kind", "Store", "Stored", "open_store"]
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 _INDEX_ERRORS = "could not use the store index"
+#: How long an operation waits for another process's write lock before giving up. Every wait
+#: is a series of short tries with event-loop checkpoints between them, so a caller's deadline
+#: or cancellation stops it at once.
+LOCK_WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +107,31 @@ class Store:
         self.clock = clock
         self._backend = backend
 
+    async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, retried while the index is busy.
+
+        Each try waits at most ``BUSY_MS`` inside SQLite; between tries the event loop gets
+        control back, so the caller's cancellation and deadlines are honoured.
+        """
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        delay = 0.001
+        while True:
+            try:
+                return await self._backend.run(fn, *args)
+            except IndexBusy:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        errno.EBUSY,
+                        f"the store index stayed locked by another process for"
+                        f" {LOCK_WAIT_SECONDS:.0f} s",
+                    ) from None
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
     @contextlib.asynccontextmanager
     async def _using_index(self) -> AsyncIterator[Index]:
         with map_errors(_INDEX_ERRORS):
-            index = await self._backend.run(_index.acquire, self.root)
+            index = await self._patiently(_index.acquire, self.root)
         try:
             with map_errors(_INDEX_ERRORS):
                 yield index
@@ -151,7 +177,7 @@ class Store:
                 )
                 async with self._using_index() as index:
                     with map_errors(f"could not publish the {kind} value in the store index"):
-                        reused = await backend.run(
+                        reused = await self._patiently(
                             publish,
                             index,
                             temp_name,
@@ -211,7 +237,7 @@ class Store:
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
         """Read, digest-check and validate one entry; a read counts as a use."""
         async with self._using_index() as index:
-            row = await self._backend.run(index.lookup, kind, key)
+            row = await self._patiently(index.lookup, kind, key)
             now = self.clock()
             if row is None or row.expires_at <= now:
                 return Missing()
@@ -225,7 +251,9 @@ class Store:
                 )
             except ValueError as exc:
                 return Broken(detail=f"{kind} entry does not verify: {exc}")
-            await self._backend.run(index.touch, kind, key, now)
+            # Best-effort and without waiting: a held lock, a full disk or a read-only mount
+            # must not turn an intact entry into an error.
+            await self._backend.run(index.record_use, kind, key, now)
         return Found(value=value)
 
     async def _read_entry(self, kind: Kind, key: str) -> bytes | Missing | Broken:
@@ -254,7 +282,7 @@ class Store:
         """
         now = self.clock()
         async with self._using_index() as index:
-            removed = await self._backend.run(_prune, index, now, max_entries)
+            removed = await self._patiently(_prune, index, now, max_entries)
         # Temp files carry real file times, so their age is judged by the real clock.
         with map_errors("could not sweep the store's temporary files"):
             removed += await self._backend.run(
@@ -265,13 +293,13 @@ class Store:
     async def remove(self, kind: Kind, key: str) -> None:
         """Delete one entry (row and file), e.g. one that ``verify`` found broken."""
         async with self._using_index() as index:
-            await self._backend.run(_remove, index, kind, key)
+            await self._patiently(_remove, index, kind, key)
 
     async def verify(self) -> list[EntryReport]:
         """Re-check every recorded entry's bytes against its digest (not its schema)."""
         now = self.clock()
         async with self._using_index() as index:
-            entries = await self._backend.run(index.entries)
+            entries = await self._patiently(index.entries)
         return [
             await self._backend.run(check_entry, self.root, entry, entry.expires_at <= now)
             for entry in entries
@@ -280,7 +308,7 @@ class Store:
     async def counts(self) -> dict[str, int]:
         """Live entries per kind."""
         async with self._using_index() as index:
-            return await self._backend.run(index.counts, self.clock())
+            return await self._patiently(index.counts, self.clock())
 
 
 # ----------------------------------------------------------------- blocking, in worker threads
