@@ -51,6 +51,7 @@ from ._paths import (
     Dirs,
     Kind,
     NotRegularFileError,
+    load_secret,
     open_dir,
     open_fanout,
     opener,
@@ -58,7 +59,15 @@ from ._paths import (
     sweep_temps,
     unlink_quietly,
 )
-from ._verify import EntryReport, check_entry, checked_value, read_all, verify_file
+from ._verify import (
+    EntryReport,
+    check_entry,
+    check_trusted,
+    decoded_value,
+    read_all,
+    seal,
+    verify_file,
+)
 
 __all__ = ["KINDS", "ROOT_NAME", "EntryReport", "Kind", "Store", "Stored", "open_store"]
 
@@ -96,16 +105,18 @@ async def open_store(fs: Any) -> Store:
     base = os.fspath(fs.workspace_temp_dir())
     with map_errors(f"cannot use the workspace {base!r} for the store"):
         root = await backend.run(prepare_root, base)
-    return Store(root, clock or time.time, backend)
+        secret = await backend.run(load_secret, root)
+    return Store(root, clock or time.time, backend, secret)
 
 
 class Store:
     """Content-addressed entries under an owned root, with TTL and LRU in an index."""
 
-    def __init__(self, root: str, clock: Clock, backend: FileBackend) -> None:
+    def __init__(self, root: str, clock: Clock, backend: FileBackend, secret: bytes) -> None:
         self.root = root
         self.clock = clock
         self._backend = backend
+        self._secret = secret
 
     async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread, retried while the index is busy.
@@ -173,7 +184,10 @@ class Store:
                 )
                 now = self.clock()
                 row = Row(
-                    hex_digest, size, now + ttl_seconds, encode_layout(layout) if layout else None
+                    seal(self._secret, kind, key or hex_digest, hex_digest),
+                    size,
+                    now + ttl_seconds,
+                    encode_layout(layout) if layout else None,
                 )
                 async with self._using_index() as index:
                     with map_errors(f"could not publish the {kind} value in the store index"):
@@ -246,9 +260,9 @@ class Store:
             if isinstance(data, (Missing, Broken)):
                 return data
             try:
-                value = await checked_value(
-                    self._backend, data, row.digest, row.size, schema, decode_layout(row.layout)
-                )
+                # The reference (or, for a summary, the sealed row) is the only digest trusted.
+                await self._backend.run(check_trusted, data, kind, key, row.digest, self._secret)
+                value = await decoded_value(data, schema, decode_layout(row.layout))
             except ValueError as exc:
                 return Broken(detail=f"{kind} entry does not verify: {exc}")
             # Best-effort and without waiting: a held lock, a full disk or a read-only mount
@@ -301,7 +315,9 @@ class Store:
         async with self._using_index() as index:
             entries = await self._patiently(index.entries)
         return [
-            await self._backend.run(check_entry, self.root, entry, entry.expires_at <= now)
+            await self._backend.run(
+                check_entry, self.root, entry, entry.expires_at <= now, self._secret
+            )
             for entry in entries
         ]
 
