@@ -84,3 +84,44 @@ async def test_rewritten_summary_entry_with_a_matching_row_reads_broken(
     await _put_summary(store, GENUINE)
     assert await store.get("summary", SUMMARY_KEY, Summary) == rc.Found(value=GENUINE)
     assert [report.state for report in await store.verify()] == ["found"]
+
+
+@pytest.mark.parametrize("outside_size", [1234, len(b'{"rows":[],"total":0}')])
+async def test_entry_hardlinked_to_an_outside_file_reveals_nothing_about_it(
+    harness: rc.Harness, tmp_path: Path, outside_size: int
+) -> None:
+    """An entry hard-linked to a foreign file reads Broken without its size or sha256."""
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    outside = tmp_path / "outside-secret"
+    outside.write_bytes((b'{"rows":[],"total":0}' + b" " * outside_size)[:outside_size])
+    facts = [str(outside_size), hashlib.sha256(outside.read_bytes()).hexdigest()]
+    path = entry_path(root, hex_of(A))
+    path.unlink()
+    path.hardlink_to(outside)
+    result = await read(harness, A)
+    assert isinstance(result, rc.Broken)
+    store = await _store.open_store(harness.fs)
+    (report,) = await store.verify()
+    assert report.state == "broken"
+    for detail in (result.detail, report.detail):
+        assert "hard links" in detail
+        assert not any(fact in detail for fact in facts), detail
+
+
+async def test_tampered_entry_detail_names_no_digest_or_size_of_the_bytes(
+    harness: rc.Harness,
+) -> None:
+    """Broken.detail and verify's detail say what failed, not what the bytes on disk hash to."""
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    planted = b'{"rows":[],"total":7}   '
+    entry_path(root, hex_of(A)).write_bytes(planted)
+    facts = [str(len(planted)), hashlib.sha256(planted).hexdigest()]
+    result = await read(harness, A)
+    assert isinstance(result, rc.Broken)
+    store = await _store.open_store(harness.fs)
+    (report,) = await store.verify()
+    for detail in (result.detail, report.detail):
+        assert "do not hash to the reference" in detail
+        assert not any(fact in detail for fact in facts), detail

@@ -281,8 +281,8 @@ class Store:
                 os.close(fan_fd)
         except FileNotFoundError:
             return Missing()  # evicted by another process between lookup and open
-        except NotRegularFileError:
-            return Broken(detail=f"{kind} entry is not a regular file")
+        except NotRegularFileError as exc:
+            return Broken(detail=f"{kind} entry {exc.strerror}; refusing to read it")
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")

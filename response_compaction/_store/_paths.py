@@ -241,19 +241,31 @@ def opener(dir_fd: int | None, mode: int) -> Callable[[str, int], int]:
 
 
 class NotRegularFileError(OSError):
-    """Something other than a regular file sits where an entry should be."""
+    """Something other than a regular file of its own sits where an entry should be."""
 
 
 def regular_opener(dir_fd: int | None) -> Callable[[str, int], int]:
-    """Like :func:`opener`, and refuses anything but a regular file."""
+    """Like :func:`opener`, and refuses anything but a regular file with a single link.
+
+    A second link means the inode is shared with a file outside the store's control (or
+    another entry): reading it would report facts about a foreign file, so it is not read.
+    """
 
     # O_NONBLOCK so a FIFO planted in the store cannot hang the open; it changes nothing for
     # the regular files we then insist on.
     def open_(path: str, flags: int) -> int:
         fd = os.open(path, flags | FILE_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        problem = (
+            "is not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else "has other hard links"
+            if st.st_nlink != 1
+            else ""
+        )
+        if problem:
             os.close(fd)
-            raise NotRegularFileError(errno.EINVAL, "not a regular file", path)
+            raise NotRegularFileError(errno.EINVAL, problem, path)
         return fd
 
     return open_

@@ -53,11 +53,11 @@ class EntryReport:
 
 def check_digest(data: bytes, hex_digest: str, size: int) -> None:
     """Raise ``ValueError`` unless ``data`` is ``size`` bytes hashing to ``hex_digest``."""
+    # Says what failed, never facts (a size, a digest) about the bytes found on disk.
     if len(data) != size:
-        raise ValueError(f"truncated or padded: {len(data)} bytes on disk, {size} recorded")
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != hex_digest:
-        raise ValueError(f"bytes hash to sha256:{actual}, expected sha256:{hex_digest}")
+        raise ValueError("the bytes read back are not as long as those written")
+    if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), hex_digest):
+        raise ValueError("the bytes read back do not hash to those written")
 
 
 def seal(secret: bytes, kind: Kind, key: str, content_hex: str) -> str:
@@ -79,9 +79,9 @@ def check_trusted(data: bytes, kind: Kind, key: str, recorded: str, secret: byte
     actual = hashlib.sha256(data).hexdigest()
     if kind == "exact":
         if not hmac.compare_digest(actual, key):
-            raise ValueError(f"bytes hash to sha256:{actual}, expected sha256:{key}")
+            raise ValueError("the bytes do not hash to the reference")
     elif not hmac.compare_digest(seal(secret, kind, key, actual), recorded):
-        raise ValueError(f"bytes hash to sha256:{actual}, which is not sealed to this key")
+        raise ValueError("the bytes are not those sealed to this key")
 
 
 async def read_all(backend: FileBackend, path: str, dir_fd: int | None = None) -> bytes:
@@ -177,7 +177,8 @@ def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryR
     except FileNotFoundError:
         return EntryReport(kind, key, "missing", size)
     except OSError as exc:
-        return EntryReport(kind, key, "broken", size, f"cannot open: {exc.strerror or exc}")
+        reason = exc.strerror or type(exc).__name__
+        return EntryReport(kind, key, "broken", size, f"cannot open: {reason}")
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
     try:
