@@ -50,9 +50,9 @@ def ref_of(value: Any) -> str:
     return "rc1:" + hex_of(value)
 
 
-def store_root(workspace: rc.LocalWorkspace | str | Path) -> Path:
+def store_root(workspace: rc.Workspace | str | Path) -> Path:
     """The library's directory below a workspace."""
-    base = workspace.path if isinstance(workspace, rc.LocalWorkspace) else workspace
+    base = workspace if isinstance(workspace, str | Path) else workspace.workspace_temp_dir()
     return Path(base) / ROOT_NAME
 
 
