@@ -354,3 +354,15 @@ def test_prune_broken_removes_only_what_verify_finds_broken(tmp_path: Path) -> N
     assert cli("verify", "--root", tmp_path).returncode == 0
     assert cli("read", kept, "--root", tmp_path).returncode == 0
     assert cli("read", tampered, "--root", tmp_path).returncode == 3
+
+
+def test_demo_is_imported_only_when_it_runs() -> None:
+    """Starting the CLI (parser and commands) does not import the demo's generator."""
+    import importlib
+    import sys
+
+    for name in [m for m in sys.modules if m.startswith("response_compaction._cli")]:
+        del sys.modules[name]
+    cli = importlib.import_module("response_compaction._cli")
+    cli.build_parser().parse_args(["read", "rc1:" + "0" * 64])
+    assert "response_compaction._cli._demo" not in sys.modules
