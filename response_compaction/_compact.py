@@ -30,7 +30,7 @@ from ._models import (
 from ._options import resolve_options
 from ._refs import MalformedRefError, exact_ref_for, parse_exact_ref
 from ._schema import strict_json_schema
-from ._store import open_store
+from ._store import Store, Stored, open_store
 from ._summarize import SummaryOutcome, summarize
 
 __all__ = ["response_compact", "response_compaction_read_exact"]
@@ -80,25 +80,13 @@ async def response_compact(
     started = time.perf_counter()
     opts = resolve_options(options, summary_schema)
     llm = harness.llm
-    routes: tuple[str, ...] = ()
-    json_schema: dict[str, Any] = {}
-    if llm is not None:
-        routes = tuple(llm.routes(opts.ladder))
-        json_schema = strict_json_schema(summary_schema)
+    # Checked before anything is stored: an unknown ladder or an inexpressible schema.
+    routes = () if llm is None else tuple(llm.routes(opts.ladder))
+    json_schema = {} if llm is None else strict_json_schema(summary_schema)
     value = to_exact_value(exact_response, exact_schema)
     store = await open_store(harness.fs)
     head = _Head(opts.shown_bytes)
-    layout: list[Span] = []
-    stored = await store.put(
-        "exact",
-        head.watch(iter_canonical(value, layout=layout)),
-        key=None,
-        schema=exact_schema,
-        ttl_seconds=opts.ttl_seconds,
-        max_entries=opts.max_entries,
-        want_value_up_to=opts.summarize_above_bytes,
-        layout=layout,
-    )
+    stored = await _store_exact(store, value, exact_schema, opts, head)
     exact = _ExactFacts(DIGEST_PREFIX + stored.hex_digest, stored.size, reused=stored.reused)
     if stored.size <= opts.summarize_above_bytes:
         return Compacted(output=ExactOutput(value=stored.value), receipt=exact.receipt(started))
@@ -124,8 +112,9 @@ async def response_compact(
         else SummarizedOutput(value=outcome.value)
     )
     shown_bytes = min(stored.size, len(head.data()))
-    receipt = _summary_receipt(exact, outcome, opts.ladder, shown_bytes, started)
-    return Compacted(output=output, receipt=receipt)
+    return Compacted(
+        output=output, receipt=_summary_receipt(exact, outcome, opts.ladder, shown_bytes, started)
+    )
 
 
 @overload
@@ -152,6 +141,23 @@ async def response_compaction_read_exact(
         return Broken(detail=str(error))
     store = await open_store(harness.fs)
     return await store.get("exact", parsed.hex, exact_schema)
+
+
+async def _store_exact(
+    store: Store, value: object, schema: object, opts: CompactionOptions[Any], head: _Head
+) -> Stored:
+    """Write the canonical bytes (the head watching what the model may be shown)."""
+    layout: list[Span] = []
+    return await store.put(
+        "exact",
+        head.watch(iter_canonical(value, layout=layout)),
+        key=None,
+        schema=schema,
+        ttl_seconds=opts.ttl_seconds,
+        max_entries=opts.max_entries,
+        want_value_up_to=opts.summarize_above_bytes,
+        layout=layout,
+    )
 
 
 class _ExactFacts:

@@ -358,11 +358,12 @@ def test_prune_broken_removes_only_what_verify_finds_broken(tmp_path: Path) -> N
 
 def test_demo_is_imported_only_when_it_runs() -> None:
     """Starting the CLI (parser and commands) does not import the demo's generator."""
-    import importlib
-    import sys
-
-    for name in [m for m in sys.modules if m.startswith("response_compaction._cli")]:
-        del sys.modules[name]
-    cli = importlib.import_module("response_compaction._cli")
-    cli.build_parser().parse_args(["read", "rc1:" + "0" * 64])
-    assert "response_compaction._cli._demo" not in sys.modules
+    script = (
+        "import sys; from response_compaction._cli import build_parser; "
+        "build_parser().parse_args(['read', 'rc1:' + '0' * 64]); "
+        "print('response_compaction._cli._demo' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout == "False\n"

@@ -165,6 +165,10 @@ def _add_compact(sub: _Sub, parents: list[_Parser]) -> None:
     compact.add_argument(
         "--ladder", metavar="NAME", default="default", help="ladder name (default: %(default)s)"
     )
+    _add_budget_options(compact)
+
+
+def _add_budget_options(compact: _Parser) -> None:
     compact.add_argument(
         "--timeout-ms",
         metavar="MS",
