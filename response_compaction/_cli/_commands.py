@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -19,6 +19,10 @@ from .._compact import response_compact, response_compaction_read_exact
 from .._harness import Harness, LocalWorkspace
 from .._models import CompactionOptions, Found, Missing
 from .._store import open_store
+from .._summarize import SummaryModel
+
+if TYPE_CHECKING:
+    from .._openai import OpenAICatalog  # imported when a model is configured: it loads openai
 
 __all__ = (
     "COMMANDS",
@@ -106,7 +110,7 @@ class ModelConfig:
         return f"{', '.join(self.routes)} at {self.base_url or 'https://api.openai.com/v1'}"
 
     @contextlib.asynccontextmanager
-    async def catalog(self) -> AsyncIterator[Any]:
+    async def catalog(self) -> AsyncIterator[OpenAICatalog | None]:
         """An ``OpenAICatalog`` on a client made (and closed) in this event loop, or None."""
         if self.why_not:
             yield None
@@ -135,7 +139,7 @@ def note(message: str) -> None:
     print(f"response-compaction: {message}", file=sys.stderr, flush=True)
 
 
-def _harness(args: argparse.Namespace, llm: Any = None) -> Harness:
+def _harness(args: argparse.Namespace, llm: SummaryModel | None = None) -> Harness:
     return Harness(fs=LocalWorkspace(args.root), llm=llm)
 
 
