@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ._summarize import SummaryModel
+if TYPE_CHECKING:
+    # Types only: _summarize reaches the store, and the store reads LocalWorkspace from here.
+    from ._store._fileio import FileBackend
+    from ._summarize import SummaryModel
 
 __all__ = ["Closable", "Harness", "HarnessLike", "LocalWorkspace", "Workspace"]
 
@@ -47,14 +50,20 @@ class LocalWorkspace:
     """A workspace on the local filesystem.
 
     ``clock`` (seconds since the epoch) is what TTL and LRU are measured with; tests inject a
-    fake one. It defaults to ``time.time``.
+    fake one. It defaults to ``time.time``. ``file_backend`` is how the store's bytes reach the
+    disk; it defaults to the running event loop's, and tests inject faults through it.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, clock: Callable[[], float] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] | None = None,
+        file_backend: FileBackend | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.clock = clock
+        self.file_backend = file_backend
 
     def workspace_temp_dir(self) -> str:
         """The workspace directory itself (created 0700 on first use)."""
