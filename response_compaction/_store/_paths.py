@@ -43,6 +43,8 @@ Kind = Literal["exact", "summary"]
 KINDS: tuple[Kind, ...] = ("exact", "summary")
 #: Temporary files older than this were left by a process that died mid-write.
 STALE_TEMP_SECONDS = 3600.0
+# What unlink/rename report when a directory sits at the target name.
+_NOT_A_FILE = frozenset({errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.EPERM})
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -99,17 +101,27 @@ def prepare_root(base: str) -> str:
 
 
 def sweep_temps(root: str, older_than: float) -> int:
-    """Remove temporary files left by writers that died; return how many."""
+    """Remove temporary files left by writers that died; return how many.
+
+    Only regular files and symlinks are removed. Anything else (a directory, a socket) was not
+    made by a writer; it is left alone and never stops the sweep or the process.
+    """
     removed = 0
     tmp_fd = open_dir(os.path.join(root, "tmp"), create=False)
     try:
         for name in os.listdir(tmp_fd):
             try:
                 st = os.stat(name, dir_fd=tmp_fd, follow_symlinks=False)
-                if st.st_mtime < older_than:
+                if st.st_mtime >= older_than:
+                    continue
+                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                     os.unlink(name, dir_fd=tmp_fd)
                     removed += 1
-            except FileNotFoundError:
+                elif stat.S_ISDIR(st.st_mode):
+                    with contextlib.suppress(OSError):  # only an empty one
+                        os.rmdir(name, dir_fd=tmp_fd)
+                        removed += 1
+            except (FileNotFoundError, IsADirectoryError, PermissionError):
                 continue
     finally:
         os.close(tmp_fd)
@@ -208,15 +220,40 @@ class Dirs:
         return self._fans[slot]
 
     def publish(self, temp_name: str, kind: Kind, key: str) -> None:
-        """Rename a verified temp file into place and make the rename durable."""
+        """Rename a verified temp file into place and make the rename durable.
+
+        A directory where the entry belongs (which ``rename`` cannot replace) is moved aside
+        first, so no planted object makes a value permanently uncompactable.
+        """
         fan_fd = self.fanout(kind, key)
-        os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
+        try:
+            os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
+        except OSError as exc:
+            if exc.errno not in _NOT_A_FILE:
+                raise
+            self._displace(fan_fd, key)
+            os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
         os.fsync(fan_fd)
 
     def unlink(self, kind: Kind, key: str) -> None:
-        """Remove one entry's file if it is there."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(key, dir_fd=self.fanout(kind, key))
+        """Remove one entry (whatever sits at its name) if it is there."""
+        fan_fd = self.fanout(kind, key)
+        try:
+            os.unlink(key, dir_fd=fan_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno not in _NOT_A_FILE:
+                raise
+            self._displace(fan_fd, key)
+
+    def _displace(self, fan_fd: int, key: str) -> None:
+        """Remove a directory at an entry's name: rmdir if empty, else move it into ``tmp/``."""
+        try:
+            os.rmdir(key, dir_fd=fan_fd)
+        except OSError:
+            aside = f"{secrets.token_hex(12)}.displaced"
+            os.rename(key, aside, src_dir_fd=fan_fd, dst_dir_fd=self.tmp)
 
     def entry_files(self, kind: Kind) -> Iterator[str]:
         """Names of the entry files of ``kind``, whatever the index says."""
@@ -254,7 +291,12 @@ def regular_opener(dir_fd: int | None) -> Callable[[str, int], int]:
     # O_NONBLOCK so a FIFO planted in the store cannot hang the open; it changes nothing for
     # the regular files we then insist on.
     def open_(path: str, flags: int) -> int:
-        fd = os.open(path, flags | FILE_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
+        try:
+            fd = os.open(path, flags | FILE_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP, errno.ENODEV):  # a socket, a device
+                raise NotRegularFileError(errno.EINVAL, "is not a regular file", path) from exc
+            raise
         st = os.fstat(fd)
         problem = (
             "is not a regular file"
