@@ -177,7 +177,7 @@ async def test_a_layout_with_swapped_field_names_cannot_swap_the_fields(
             "SELECT layout FROM entries WHERE key = ?", (hex_digest,)
         ).fetchone()
         spans = msgspec.json.decode(stored, type=tuple[Span, ...])
-        assert sorted(span.field for span in spans) == ["first", "second"]
+        assert sorted(str(span.field) for span in spans) == ["first", "second"]
         swapped = [
             Span("second" if s.field == "first" else "first", s.start, s.end, s.slices)
             for s in spans

@@ -52,7 +52,13 @@ async def test_stale_directory_in_tmp_stops_no_process(
     (stale / "file").write_bytes(b"x")
     two_hours_ago = time.time() - 2 * 3600
     os.utime(stale, (two_hours_ago, two_hours_ago))
-    command = [sys.executable, "-m", "tests._store_child", "read", str(harness.fs.path)]
+    command = [
+        sys.executable,
+        "-m",
+        "tests._store_child",
+        "read",
+        str(store_root(harness.fs).parent),
+    ]
     result = await anyio.run_process(
         [*command, anyio_backend, "-1", ref_of(A)], cwd=REPO, check=False
     )
