@@ -96,3 +96,21 @@ async def test_reads_and_verify_work_on_a_read_only_mount(
     result = await anyio.run_process(["unshare", "-rm", "sh", "-c", script], cwd=REPO, check=False)
     assert result.returncode == 0, result.stderr.decode()
     assert json.loads(result.stdout) == {"reads": ["Found"], "verify": ["found"]}
+
+
+async def test_disk_full_during_the_index_commit_is_a_plain_store_error(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """A full tmpfs at the commit: StoreError saying so, no receipt, the store still works."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    if not _read_only_mount_works(ws):
+        pytest.skip("no user namespaces here to mount a small tmpfs")
+    child = " ".join(_child("commitfull", ws, anyio_backend))
+    script = f"mount -t tmpfs -o size=2m tmpfs {ws} && exec {child}"
+    result = await anyio.run_process(["unshare", "-rm", "sh", "-c", script], cwd=REPO, check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    report = json.loads(result.stdout)
+    assert report["raised"] == "StoreError"
+    assert report["message"].endswith("store index: OperationalError: database or disk is full")
+    assert report["reads"] == ["Found", "Missing"]

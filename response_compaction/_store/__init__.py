@@ -43,7 +43,7 @@ from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
-from ._index import Index, IndexBusy, Row
+from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import (
     KINDS,
     ROOT_NAME,
@@ -251,7 +251,10 @@ class Store:
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
         """Read, digest-check and validate one entry; a read counts as a use."""
         async with self._using_index() as index:
-            row = await self._patiently(index.lookup, kind, key)
+            try:
+                row = await self._patiently(index.lookup, kind, key)
+            except CorruptRowError:
+                return Broken(detail=f"{kind} entry's index row is corrupt")
             now = self.clock()
             if row is None or row.expires_at <= now:
                 return Missing()

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
+import re
 import sqlite3
 import threading
 import urllib.parse
@@ -26,11 +28,12 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from .._errors import UnsafeStoreError
-from ._paths import Kind
+from ._paths import Kind, valid_name
 
 __all__ = [
     "BUSY_MS",
     "MAX_IDLE_INDEXES",
+    "CorruptRowError",
     "Entry",
     "Index",
     "IndexBusy",
@@ -46,6 +49,7 @@ MAX_IDLE_INDEXES = 8
 BUSY_MS = 20
 #: Uses not yet written to the index (the write lock was busy) are kept up to this many.
 _MAX_PENDING_USES = 4096
+_HEX = re.compile(r"[0-9a-f]{64}")
 _BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 _READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
 _EXPIRED_PER_COMMIT = 64
@@ -76,6 +80,16 @@ def _busy(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc)
 
 
+class CorruptRowError(ValueError):
+    """An index row whose cells are not what this library writes (types, names, ranges)."""
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 class Row(NamedTuple):
     """What a read needs to know about one entry."""
 
@@ -93,6 +107,19 @@ class Entry(NamedTuple):
     digest: str
     size: int
     expires_at: float
+    corrupt: bool = False
+
+
+def _entry(kind: object, key: object, digest: object, size: object, expires: object) -> Entry:
+    """An :class:`Entry`, or a corrupt one (for verify to report) when a cell is wrong."""
+    if not (isinstance(kind, str) and isinstance(key, str) and valid_name(kind, key)):
+        raise CorruptRowError("index row names no entry")
+    when = _number(expires)
+    if not (isinstance(digest, str) and _HEX.fullmatch(digest)) or when is None:
+        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
+    if not (isinstance(size, int) and size >= 0):
+        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
+    return Entry(kind, key, digest, size, when)  # type: ignore[arg-type]
 
 
 class Transaction:
@@ -106,7 +133,8 @@ class Transaction:
         row = self._conn.execute(
             "SELECT expires_at FROM entries WHERE kind = ? AND key = ?", (kind, key)
         ).fetchone()
-        return row is not None and float(row[0]) > now
+        when = None if row is None else _number(row[0])
+        return when is not None and when > now
 
     def upsert(self, kind: Kind, key: str, row: Row, now: float) -> None:
         """Record ``key`` as just used."""
@@ -144,7 +172,7 @@ class Transaction:
         for kind in kinds:
             counted = self._conn.execute("SELECT n FROM counts WHERE kind = ?", (kind,)).fetchone()
             # The counter includes expired rows not yet deleted, so it only says when to look.
-            if counted is None or counted[0] <= max_entries:
+            if counted is None or (isinstance(counted[0], int) and counted[0] <= max_entries):
                 continue
             found.extend(
                 (kind, key)
@@ -291,19 +319,31 @@ class Index:
         if not rows:
             return None
         digest, size, expires_at, layout = rows[0]
-        return Row(str(digest), int(size), float(expires_at), layout)  # type: ignore[call-overload, arg-type]
+        when = _number(expires_at)
+        if (
+            not (isinstance(digest, str) and _HEX.fullmatch(digest))
+            or not (isinstance(size, int) and size >= 0)
+            or when is None
+            or not (layout is None or isinstance(layout, bytes))
+        ):
+            raise CorruptRowError("the index row of this entry is corrupt")
+        return Row(digest, size, when, layout)
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""
         rows = self._read("SELECT kind, key, digest, size, expires_at FROM entries")
-        return [Entry(*row) for row in rows]  # type: ignore[arg-type]
+        entries = []
+        for row in rows:
+            with contextlib.suppress(CorruptRowError):  # a row naming no entry has no file
+                entries.append(_entry(*row))
+        return entries
 
     def counts(self, now: float) -> dict[str, int]:
         """Live entries per kind."""
         rows = self._read(
             "SELECT kind, count(*) FROM entries WHERE expires_at > ? GROUP BY kind", (now,)
         )
-        return {str(kind): int(n) for kind, n in rows}  # type: ignore[call-overload]
+        return {str(kind): int(n) for kind, n in rows if isinstance(n, int)}
 
     def close(self) -> None:
         """Close the connections (only :func:`release` calls this, once nobody uses it)."""
