@@ -27,7 +27,7 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .._errors import UnsafeStoreError
+from .._errors import StoreError, UnsafeStoreError
 from ._paths import Kind, valid_name
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "Entry",
     "Index",
     "IndexBusy",
+    "IndexReplacedError",
     "Row",
     "Transaction",
     "acquire",
@@ -78,6 +79,15 @@ class IndexBusy(Exception):  # noqa: N818 - a signal to retry, not an error anyo
 
 def _busy(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc)
+
+
+class IndexReplacedError(StoreError):
+    """``index.sqlite3`` is not the file this connection has open any more."""
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path, follow_symlinks=False)
+    return st.st_dev, st.st_ino
 
 
 class CorruptRowError(ValueError):
@@ -224,17 +234,36 @@ class Index:
             # A read-only mount: reads and verify still work, writes raise.
             self._conn = _connect_read_only(path)
             self.read_only = True
+        self.path = path
         try:
+            self._identity = _identity(path)
             self._reader = self._conn if self.read_only else _connect(path, schema=False)
         except BaseException:
             self._conn.close()
             raise
 
+    def is_current(self) -> bool:
+        """Whether ``index.sqlite3`` is still the file this index opened (not removed, replaced)."""
+        try:
+            return _identity(self.path) == self._identity
+        except FileNotFoundError:
+            return False
+
+    def _check_current(self) -> None:
+        if not self.is_current():
+            raise IndexReplacedError(
+                "the store index was removed or replaced while this process used it;"
+                " nothing was recorded, and the next call reopens it"
+            )
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Transaction]:
         """Hold the write lock; commit on success, roll back on any exception.
 
-        Raises :class:`IndexBusy` (before anything was done) when the lock is not free.
+        Raises :class:`IndexBusy` (before anything was done) when the lock is not free, and
+        :class:`IndexReplacedError` when ``index.sqlite3`` is no longer the file this
+        connection writes to: rows committed to an orphan would be receipts no other process
+        can honour. Checked once the lock is held and again just before the commit.
         """
         if self.read_only:
             raise sqlite3.OperationalError("the store index is on a read-only file system")
@@ -248,9 +277,11 @@ class Index:
                     raise IndexBusy from exc
                 raise
             try:
+                self._check_current()
                 tx = Transaction(self._conn)
                 self._flush_uses(tx)
                 yield tx
+                self._check_current()
                 self._conn.execute("COMMIT")
             except BaseException:
                 # SQLite may have rolled back already (a full disk during COMMIT does): a
@@ -404,19 +435,36 @@ class _Slot:
 
 # One connection per process and root, reopened after fork. Insertion order is recency.
 _open: collections.OrderedDict[tuple[int, str], _Slot] = collections.OrderedDict()
+# Indexes whose file was removed or replaced, still in use: closed when their last user leaves.
+_retired: dict[int, _Slot] = {}
 _open_lock = threading.Lock()
 
 
 def acquire(root: str) -> Index:
-    """The shared index of ``root``, opened if needed; pair every call with :func:`release`."""
+    """The shared index of ``root``, opened if needed; pair every call with :func:`release`.
+
+    An index whose file was removed or replaced since it was opened is retired and a fresh
+    one opened, so a process never goes on writing to an orphan.
+    """
     key = (os.getpid(), root)
     with _open_lock:
         slot = _open.get(key)
+        if slot is not None and not slot.index.is_current():
+            del _open[key]
+            _retire(slot)
+            slot = None
         if slot is None:
             slot = _open[key] = _Slot(Index(root))
         _open.move_to_end(key)
         slot.users += 1
         return slot.index
+
+
+def _retire(slot: _Slot) -> None:
+    if slot.users == 0:
+        slot.index.close()
+    else:
+        _retired[id(slot.index)] = slot
 
 
 def release(index: Index) -> None:
@@ -425,6 +473,11 @@ def release(index: Index) -> None:
         slot = _open.get((os.getpid(), index.root))
         if slot is not None and slot.index is index:
             slot.users -= 1
+        elif (retired := _retired.get(id(index))) is not None:
+            retired.users -= 1
+            if retired.users == 0:
+                del _retired[id(index)]
+                index.close()
         idle = [key for key, slot in _open.items() if slot.users == 0]
         for key in idle[: max(0, len(idle) - MAX_IDLE_INDEXES)]:
             _open.pop(key).index.close()
