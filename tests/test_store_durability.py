@@ -31,8 +31,8 @@ class FsyncRecorder:
     def __call__(self, fn: Callable[..., Any]) -> Iterator[None]:
         real = os.fsync
 
-        def fsync(fd: int) -> None:
-            st = os.fstat(fd)
+        def fsync(fd: Any) -> None:
+            st = os.fstat(fd if isinstance(fd, int) else fd.fileno())
             with self._lock:
                 self.synced.add((st.st_dev, st.st_ino))
             real(fd)
