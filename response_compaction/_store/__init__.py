@@ -250,13 +250,15 @@ class Store:
 
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
         """Read, digest-check and validate one entry; a read counts as a use."""
+        now = self.clock()
         async with self._using_index() as index:
             try:
-                row = await self._patiently(index.lookup, kind, key)
+                row = await self._patiently(index.lookup, kind, key, now)
             except CorruptRowError:
                 return Broken(detail=f"{kind} entry's index row is corrupt")
-            now = self.clock()
-            if row is None or row.expires_at <= now:
+            # Expired by this clock, or by the time other clocks already witnessed (_clocks):
+            # a clock that went backwards does not revive an entry.
+            if row is None or row.expires_at <= max(now, row.attested):
                 return Missing()
             with map_errors(f"could not read the {kind} entry"):
                 data = await self._read_entry(kind, key)
@@ -341,6 +343,7 @@ def publish(
     Returns whether ``key`` was live before.
     """
     with index.transaction() as tx, Dirs(index.root) as dirs:
+        tx.saw(now)
         reused = tx.is_live(kind, key, now)
         dirs.publish(temp_name, kind, key)
         tx.upsert(kind, key, row, now)
@@ -353,6 +356,7 @@ def publish(
 
 def _prune(index: Index, now: float, max_entries: int | None) -> int:
     with index.transaction() as tx, Dirs(index.root) as dirs:
+        tx.saw(now)
         victims = tx.victims(KINDS, now, max_entries)
         for kind, key in victims:
             tx.delete(kind, key)

@@ -27,9 +27,10 @@ import stat
 import threading
 import urllib.parse
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .._errors import StoreError, UnsafeStoreError
+from ._clocks import ATTESTED_SQL, DELETABLE_SQL, record_clock, writer_id
 from ._paths import Kind, valid_name
 
 __all__ = [
@@ -57,13 +58,26 @@ _HEX = re.compile(r"[0-9a-f]{64}")
 _BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 _READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
 _EXPIRED_PER_COMMIT = 64
+# Constant fragments from _clocks; every value is a bound parameter.
+_EXPIRED = f"SELECT kind, key FROM entries WHERE {DELETABLE_SQL} LIMIT :limit"  # noqa: S608
+_BEYOND_BOUND = (
+    "SELECT key FROM entries WHERE kind = :kind AND key != :keep"  # noqa: S608
+    f" AND NOT {DELETABLE_SQL} ORDER BY last_used DESC LIMIT -1 OFFSET :skip"
+)
+_LOOKUP = (
+    f"SELECT digest, size, expires_at, layout, {ATTESTED_SQL} FROM entries"  # noqa: S608
+    " WHERE kind = :kind AND key = :key"
+)
+_ATTESTED = f"SELECT {ATTESTED_SQL}"
 # Rows per kind are counted by triggers: a count(*) on every commit grew with the store
 # (1.4 ms at 10,000 rows, 14 ms at 100,000).
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS entries (
         kind TEXT NOT NULL, key TEXT NOT NULL, digest TEXT NOT NULL,
         size INTEGER NOT NULL, expires_at REAL NOT NULL, last_used REAL NOT NULL,
-        layout BLOB, PRIMARY KEY (kind, key)) WITHOUT ROWID""",
+        layout BLOB, writer TEXT, PRIMARY KEY (kind, key)) WITHOUT ROWID""",
+    "CREATE TABLE IF NOT EXISTS clocks (writer TEXT PRIMARY KEY, seen REAL NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS entries_lru ON entries (kind, last_used)",
     "CREATE INDEX IF NOT EXISTS entries_expiry ON entries (expires_at)",
     "CREATE TABLE IF NOT EXISTS counts (kind TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID",
@@ -110,6 +124,8 @@ class Row(NamedTuple):
     size: int
     expires_at: float
     layout: bytes | None
+    #: The attested time (see ``_clocks``) when this row was read; 0 when not read back.
+    attested: float = 0.0
 
 
 class Entry(NamedTuple):
@@ -140,6 +156,38 @@ class Transaction:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        self.me = writer_id()
+        self._uses: float | None = None
+
+    def next_use(self) -> float:
+        """The next number of the use counter that orders capacity eviction (not a clock)."""
+        if self._uses is None:
+            row = self._conn.execute("SELECT value FROM meta WHERE name = 'uses'").fetchone()
+            counted = None if row is None else _number(row[0])
+            if counted is None:  # a fresh or older index: continue above every recorded use
+                (top,) = self._conn.execute("SELECT max(last_used) FROM entries").fetchone()
+                counted = _number(top) or 0.0
+            self._uses = counted
+        self._uses += 1
+        return self._uses
+
+    def finish(self) -> None:
+        """Save the use counter (called just before COMMIT)."""
+        if self._uses is not None:
+            self._conn.execute(
+                "INSERT INTO meta VALUES ('uses', ?) ON CONFLICT (name)"
+                " DO UPDATE SET value = excluded.value",
+                (self._uses,),
+            )
+
+    def attested(self, now: float) -> float:
+        """``now`` corrected by the clocks already witnessed (see ``_clocks``)."""
+        (value,) = self._conn.execute(_ATTESTED, {"now": now, "me": self.me}).fetchone()
+        return _number(value) or now
+
+    def saw(self, now: float) -> None:
+        """Record this writer's clock."""
+        record_clock(self._conn, self.me, now)
 
     def is_live(self, kind: Kind, key: str, now: float) -> bool:
         """Whether ``key`` has an unexpired row."""
@@ -150,14 +198,20 @@ class Transaction:
         return when is not None and when > now
 
     def upsert(self, kind: Kind, key: str, row: Row, now: float) -> None:
-        """Record ``key`` as just used."""
+        """Record ``key`` as just stored and used.
+
+        ``row.expires_at`` was computed from ``now``; a clock behind the attested time is
+        corrected, and an expiry already recorded is never moved earlier.
+        """
+        expires_at = row.expires_at + max(0.0, self.attested(now) - now)
         # An upsert, not INSERT OR REPLACE: a replace deletes without firing triggers.
         self._conn.execute(
-            "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (kind, key)"
+            "INSERT INTO entries (kind, key, digest, size, expires_at, last_used, layout, writer)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (kind, key)"
             " DO UPDATE SET digest = excluded.digest, size = excluded.size,"
-            " expires_at = excluded.expires_at, last_used = excluded.last_used,"
-            " layout = excluded.layout",
-            (kind, key, row.digest, row.size, row.expires_at, now, row.layout),
+            " expires_at = max(expires_at, excluded.expires_at),"
+            " last_used = excluded.last_used, layout = excluded.layout, writer = excluded.writer",
+            (kind, key, row.digest, row.size, expires_at, self.next_use(), row.layout, self.me),
         )
 
     def victims(
@@ -171,13 +225,16 @@ class Transaction:
     ) -> list[tuple[Kind, str]]:
         """The rows to evict: expired ones, then each kind's least recently used beyond the bound.
 
-        At most ``expired_limit`` expired rows (-1: all). ``keep`` is never chosen, and counts
-        as one of the ``max_entries`` live rows.
+        Expired means deletable by this writer at the attested time (``_clocks``: one skewed
+        clock cannot delete another writer's live rows). At most ``expired_limit`` expired
+        rows (-1: all). ``keep`` is never chosen, and counts as one of the ``max_entries``.
         """
+        params = {"now": self.attested(now), "me": self.me}
         found: list[tuple[Kind, str]] = [
             (kind, key)
             for kind, key in self._conn.execute(
-                "SELECT kind, key FROM entries WHERE expires_at <= ? LIMIT ?", (now, expired_limit)
+                _EXPIRED,
+                {**params, "limit": expired_limit},
             )
         ]
         if max_entries is None:
@@ -190,18 +247,22 @@ class Transaction:
             found.extend(
                 (kind, key)
                 for (key,) in self._conn.execute(
-                    "SELECT key FROM entries WHERE kind = ? AND key != ? AND expires_at > ?"
-                    " ORDER BY last_used DESC LIMIT -1 OFFSET ?",
-                    (kind, keep, now, max_entries - 1 if keep else max_entries),
+                    _BEYOND_BOUND,
+                    {
+                        **params,
+                        "kind": kind,
+                        "keep": keep,
+                        "skip": max_entries - 1 if keep else max_entries,
+                    },
                 )
             )
         return found
 
     def touch(self, kind: Kind, key: str, when: float) -> None:
-        """Record a use of ``key`` at ``when`` (never moves its last use backwards)."""
+        """Record a use of ``key`` (read at ``when``, which only feeds the witnessed clock)."""
         self._conn.execute(
-            "UPDATE entries SET last_used = max(last_used, ?) WHERE kind = ? AND key = ?",
-            (when, kind, key),
+            "UPDATE entries SET last_used = ? WHERE kind = ? AND key = ?",
+            (self.next_use(), kind, key),
         )
 
     def delete(self, kind: Kind, key: str) -> None:
@@ -283,6 +344,7 @@ class Index:
                 tx = Transaction(self._conn)
                 self._flush_uses(tx)
                 yield tx
+                tx.finish()
                 self._check_current()
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -318,7 +380,10 @@ class Index:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
-                    self._flush_uses(Transaction(self._conn))
+                    tx = Transaction(self._conn)
+                    self._flush_uses(tx)
+                    tx.saw(now)
+                    tx.finish()
                     self._conn.execute("COMMIT")
                 except BaseException:
                     if self._conn.in_transaction:
@@ -331,7 +396,7 @@ class Index:
         finally:
             self._lock.release()
 
-    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    def _read(self, sql: str, args: Any = ()) -> list[tuple[object, ...]]:
         if not self._read_lock.acquire(timeout=BUSY_MS / 1000):
             raise IndexBusy
         try:
@@ -343,15 +408,15 @@ class Index:
         finally:
             self._read_lock.release()
 
-    def lookup(self, kind: Kind, key: str) -> Row | None:
-        """The row of ``key``, expired or not."""
+    def lookup(self, kind: Kind, key: str, now: float = 0.0) -> Row | None:
+        """The row of ``key``, expired or not, with the attested time at ``now``."""
         rows = self._read(
-            "SELECT digest, size, expires_at, layout FROM entries WHERE kind = ? AND key = ?",
-            (kind, key),
+            _LOOKUP,
+            {"kind": kind, "key": key, "now": now, "me": writer_id()},
         )
         if not rows:
             return None
-        digest, size, expires_at, layout = rows[0]
+        digest, size, expires_at, layout, attested = rows[0]
         when = _number(expires_at)
         if (
             not (isinstance(digest, str) and _HEX.fullmatch(digest))
@@ -360,7 +425,7 @@ class Index:
             or not (layout is None or isinstance(layout, bytes))
         ):
             raise CorruptRowError("the index row of this entry is corrupt")
-        return Row(digest, size, when, layout)
+        return Row(digest, size, when, layout, _number(attested) or now)
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""
@@ -426,13 +491,16 @@ def _connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous=FULL")
         if (
             schema
-            and not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'counts'").fetchone()
+            and not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'clocks'").fetchone()
         ):
             # One writer at a time creates the schema, so concurrent first opens agree.
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for statement in _SCHEMA:
                     conn.execute(statement)
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(entries)")}
+                if "writer" not in columns:  # an index from before the clock rules
+                    conn.execute("ALTER TABLE entries ADD COLUMN writer TEXT")
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
