@@ -15,10 +15,13 @@ fsynced, and the row upserted. TTL and LRU live in the index, not in file times 
 noatime make atime useless, and a read must count as a use). Eviction deletes the row and the
 file under the same lock, so a writer never has its fresh entry unlinked, and fan-out
 directories are never removed. A reader that finds the row but not the file (a concurrent
-eviction) reports ``Missing``; any byte that does not hash to the recorded digest is ``Broken``.
+eviction) reports ``Missing``; any byte that does not hash to the reference (or, for a
+summary, is not sealed to its key) is ``Broken``: the index is a hint, never trusted for data.
 
-Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (SQL only),
-``_verify`` (size, digest and schema checks), ``_fileio`` (the per-event-loop file seam).
+Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (the connection
+registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
+safely), ``_clocks`` (expiry rules across skewed clocks), ``_secret`` (the sealing key),
+``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop file seam).
 This module puts them together; nothing below it imports it.
 """
 
@@ -51,7 +54,6 @@ from ._paths import (
     Dirs,
     Kind,
     NotRegularFileError,
-    load_secret,
     open_dir,
     open_fanout,
     opener,
@@ -59,6 +61,7 @@ from ._paths import (
     sweep_temps,
     unlink_quietly,
 )
+from ._secret import load_secret
 from ._verify import (
     EntryReport,
     check_entry,
