@@ -21,6 +21,8 @@ from typing import Any
 
 import msgspec
 
+from ._messages import content_free
+
 __all__ = [
     "DIGEST_PREFIX",
     "PIECE_BYTES",
@@ -64,7 +66,8 @@ def to_exact_value(response: Any, schema: Any) -> Any:
 
     ``msgspec.Raw`` is decoded as JSON against the schema; an instance of a struct schema is
     taken as it is (it is validated later through its canonical bytes); anything else is
-    converted from builtins. Raises ``ValueError`` with msgspec's message when it does not fit.
+    converted from builtins. Raises ``ValueError`` saying where and how it does not fit, never
+    quoting a value or a key of the response (:func:`content_free`).
     """
     try:
         if isinstance(response, msgspec.Raw):
@@ -76,15 +79,17 @@ def to_exact_value(response: Any, schema: Any) -> Any:
             return response
         return msgspec.convert(response, schema)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(f"exact_response does not validate against exact_schema: {exc}") from None
+        raise ValueError(
+            f"exact_response does not validate against exact_schema: {content_free(exc)}"
+        ) from None
 
 
 def decode_exact(data: bytes | memoryview, schema: Any) -> Any:
-    """Decode canonical bytes against ``schema``; ``ValueError`` with msgspec's message if not."""
+    """Decode canonical bytes against ``schema``; a content-free ``ValueError`` if not."""
     try:
         return _decoder(schema).decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(str(exc)) from None
+        raise ValueError(content_free(exc)) from None
 
 
 @functools.lru_cache(maxsize=256)
