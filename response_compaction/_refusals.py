@@ -1,0 +1,98 @@
+"""Why a value cannot be written as canonical JSON without changing it. Pure: no I/O.
+
+msgspec writes NaN and infinities as ``null``, and writes ``{1: "a", "1": "b"}`` as an object
+with the key ``"1"`` twice, which every decoder reads back as one key. Both would store a value
+other than the one handed in, so they are refused, as are strings JSON cannot carry (lone
+surrogates). :func:`first_problem` walks a value and names the first such place by its path,
+in msgspec's notation: ``$.field`` for a struct field, ``$[3]`` for an array item and
+``$[...]`` for the value of a mapping key or a set member, so a path never quotes a key or a
+value of the response. The walk is iterative (no recursion limit) and is only run when the
+fast encoder has already seen something suspicious.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+__all__ = ["first_problem"]
+
+_SCALARS = (bool, int, bytes, bytearray, memoryview, msgspec.Raw, type(None))
+
+
+def first_problem(value: Any) -> str | None:
+    """The first reason ``value`` cannot be canonical JSON, with its path; None if there is none.
+
+    Reasons: a NaN or infinite float (as a value or a key), a string or key that is not valid
+    Unicode (a lone surrogate), and two keys of one mapping that become the same JSON string.
+    """
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if not _is_unicode(item):
+                return f"a string that is not valid Unicode (a lone surrogate) at `{path}`"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"NaN or infinity at `{path}`"
+        elif isinstance(item, _SCALARS):
+            continue
+        elif isinstance(item, dict):
+            problem = _key_problem(item, path)
+            if problem is not None:
+                return problem
+            stack.extend((v, f"{path}[...]") for v in item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+        elif isinstance(item, set | frozenset):
+            stack.extend((v, f"{path}[...]") for v in item)
+        elif isinstance(item, msgspec.Struct):
+            names = zip(item.__struct_fields__, item.__struct_encode_fields__, strict=True)
+            stack.extend((getattr(item, name), f"{path}.{encoded}") for name, encoded in names)
+        else:
+            # Enums, dataclasses, datetimes...: look at them the way msgspec will encode them.
+            try:
+                builtins = msgspec.to_builtins(item, enc_hook=_raw_as_null)
+            except (TypeError, ValueError):
+                continue  # the encoder refuses these itself, with a type name
+            if builtins is not item:
+                stack.append((builtins, path))
+    return None
+
+
+def _key_problem(mapping: dict[Any, Any], path: str) -> str | None:
+    keys: list[Any] = list(mapping)
+    if not all(type(k) is str for k in keys):
+        for key in keys:
+            if isinstance(key, float) and not math.isfinite(key):
+                return f"NaN or infinity as a key of the object at `{path}`"
+        try:
+            # The same conversion the encoder applies to non-str keys.
+            keys = list(msgspec.to_builtins(dict.fromkeys(keys), str_keys=True))
+        except (TypeError, ValueError):
+            return f"a key JSON cannot express in the object at `{path}`"
+        if len(keys) != len(mapping):
+            return f"two keys that are the same JSON string in the object at `{path}`"
+    for key in keys:
+        if isinstance(key, str) and not _is_unicode(key):
+            return f"a key that is not valid Unicode (a lone surrogate) in the object at `{path}`"
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _raw_as_null(obj: Any) -> Any:
+    # A Raw is JSON text already: JSON has no NaN, so there is nothing inside to look at.
+    if isinstance(obj, msgspec.Raw):
+        return None
+    raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
