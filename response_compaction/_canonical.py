@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from ._messages import content_free
-from ._refusals import first_problem
+from ._refusals import duplicate_key_path, first_problem
 
 __all__ = [
     "DIGEST_PREFIX",
@@ -75,7 +75,9 @@ def to_exact_value(response: Any, schema: Any) -> Any:
     """
     try:
         if isinstance(response, msgspec.Raw):
-            return _decoder(schema).decode(response)
+            value = _decoder(schema).decode(response)
+            _refuse_duplicate_keys(bytes(memoryview(response)))
+            return value
         # Only a struct instance is taken as is: other "types" (typing.Any on 3.11 is one)
         # may refuse isinstance, and convert() handles them all.
         struct_schema = isinstance(schema, type) and issubclass(schema, msgspec.Struct)
@@ -88,6 +90,15 @@ def to_exact_value(response: Any, schema: Any) -> Any:
         ) from None
     except RecursionError:
         raise ValueError(_TOO_DEEP) from None
+
+
+def _refuse_duplicate_keys(data: bytes) -> None:
+    path = duplicate_key_path(data)
+    if path is not None:
+        raise ValueError(
+            f"exact_response is JSON text with an object that names one key twice at `{path}`;"
+            " decoding would keep only the last"
+        )
 
 
 def decode_exact(data: bytes | memoryview, schema: Any) -> Any:

@@ -12,12 +12,13 @@ fast encoder has already seen something suspicious.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import msgspec
 
-__all__ = ["first_problem"]
+__all__ = ["duplicate_key_path", "first_problem"]
 
 _SCALARS = (bool, int, bytes, bytearray, memoryview, msgspec.Raw, type(None))
 
@@ -96,3 +97,42 @@ def _raw_as_null(obj: Any) -> Any:
     if isinstance(obj, msgspec.Raw):
         return None
     raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
+
+
+class _DuplicateKeyError(Exception):
+    """An object in JSON text names one key twice."""
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """An object's members in document order, duplicates kept."""
+
+
+def duplicate_key_path(data: bytes) -> str | None:
+    """The path of the first object in the JSON text ``data`` that names a key twice, or None.
+
+    msgspec, like most decoders, keeps the last of two equal keys, so a document with
+    ``{"a": 1, "a": 2}`` would be stored as something other than what was sent. ``data``
+    must already have decoded with msgspec (valid UTF-8 JSON): the stdlib scanner here sees
+    every member, and only when it finds a duplicate does a second pass locate it.
+    """
+    try:
+        json.loads(data, object_pairs_hook=_no_duplicates)
+    except _DuplicateKeyError:
+        pass
+    else:
+        return None
+    stack: list[tuple[Any, str]] = [(json.loads(data, object_pairs_hook=_Pairs), "$")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _Pairs):
+            if len({key for key, _ in item}) != len(item):
+                return path
+            stack.extend((member, f"{path}[...]") for _, member in item)
+        elif isinstance(item, list):
+            stack.extend((member, f"{path}[{i}]") for i, member in enumerate(item))
+    return "$"
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> None:
+    if len(pairs) > 1 and len({key for key, _ in pairs}) != len(pairs):
+        raise _DuplicateKeyError

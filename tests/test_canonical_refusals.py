@@ -105,6 +105,43 @@ async def test_mixed_keys_that_do_not_collide_are_kept(harness: rc.Harness) -> N
     assert read == rc.Found(value={"1": "a", "1.5": "c", "2": "b"})
 
 
+# ----------------------------------------------------------------------------- finding 5
+
+
+class Total(msgspec.Struct, frozen=True):
+    total: int
+    rows: list[Any] = []
+
+
+_DUPLICATED: list[tuple[str, bytes, Any, str]] = [
+    ("top level", b'{"a": 1, "a": 2}', Any, "`$`"),
+    ("struct field", b'{"total": 1, "rows": [], "total": 2}', Total, "`$`"),
+    ("deep", b'[1, {"x": {"b": 1, "c": [{"d": 1, "d": 1}]}}]', Any, "`$[1][...][...][0]`"),
+    ("escaped spelling", b'{"pin": 1, "\\u0070in": 2}', dict[str, int], "`$`"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "schema", "path"), [c[1:] for c in _DUPLICATED], ids=[c[0] for c in _DUPLICATED]
+)
+async def test_duplicate_keys_in_raw_json_are_refused(
+    harness: rc.Harness, data: bytes, schema: Any, path: str
+) -> None:
+    """JSON text naming one key twice raises ValueError with the object's path; nothing stored."""
+    with pytest.raises(ValueError, match="names one key twice") as caught:
+        await _compact(harness, msgspec.Raw(data), schema)
+    assert path in str(caught.value)
+    assert "pin" not in str(caught.value)
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+async def test_raw_json_with_distinct_keys_is_kept(harness: rc.Harness) -> None:
+    """Equal values under distinct keys, and equal keys in different objects, are accepted."""
+    data = b'{"a": {"k": 1}, "b": {"k": 1}, "c": [{"k": 2}, {"k": 2}]}'
+    compacted = await _compact(harness, msgspec.Raw(data), Any)
+    assert compacted.output.value == msgspec.json.decode(data)
+
+
 # ----------------------------------------------------------------------------- finding 17
 
 
