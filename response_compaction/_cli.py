@@ -38,6 +38,8 @@ __all__ = ("DefaultSummary", "default_root", "main")
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISSING, EXIT_BROKEN = 0, 1, 2, 3, 4
 #: Inputs at least this large get a progress line on stderr (when stderr is a terminal).
 PROGRESS_BYTES = 4 << 20
+#: The largest document ``compact`` reads unless --max-input-bytes says otherwise.
+MAX_INPUT_BYTES = 1 << 30
 _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in msgspec.structs.fields(CompactionOptions) if f.required is False
 }
@@ -397,6 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("--instructions", metavar="TEXT", help="what the summary should focus on")
     compact.add_argument(
+        "--max-input-bytes",
+        metavar="BYTES",
+        type=_positive,
+        default=MAX_INPUT_BYTES,
+        help="refuse a document larger than this, read no further (default: %(default)s)",
+    )
+    compact.add_argument(
         "--ladder", metavar="NAME", default="default", help="ladder name (default: %(default)s)"
     )
     compact.add_argument(
@@ -533,7 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend = getattr(args, "backend", "asyncio")
     try:
         if args.command == "compact":
-            args.data = _read_input(args.file)  # before the loop: reading stdin blocks
+            # Before the loop: reading stdin blocks.
+            args.data = _read_input(args.file, args.max_input_bytes)
         return anyio.run(_COMMANDS[args.command], args, backend=backend)
     except KeyboardInterrupt:
         return 130
@@ -551,8 +561,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-def _read_input(path: str) -> bytes:
+def _read_input(path: str, limit: int) -> bytes:
+    # Read one byte past the limit, never more: an endless stdin must not grow memory forever.
     if path == "-":
-        return sys.stdin.buffer.read()
-    with open(path, "rb") as file:
-        return file.read()
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"the document is larger than --max-input-bytes ({limit} bytes)")
+    return data
