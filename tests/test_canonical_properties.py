@@ -127,15 +127,15 @@ def test_big_integers_next_to_null_are_exact(big: int, nulls: int) -> None:
 @given(value=_values(_FLOATS), bad=_NON_FINITE, where=st.integers(min_value=0, max_value=4))
 def test_a_nested_non_finite_float_is_always_refused(value: Any, bad: float, where: int) -> None:
     """A NaN or infinity wrapped in any mix of containers is refused, never written as null."""
-    wrappers = [
-        lambda v: (v, bad),
-        lambda v: [v, {"k": (bad,)}],
-        lambda v: Leaf(zz=v, aa=frozenset({bad})),
-        lambda v: {1: v, 2: [[bad]]},
-        lambda v: {"a": {bad}, "b": v},
+    wrapped: list[Any] = [
+        (value, bad),
+        [value, {"k": (bad,)}],
+        Leaf(zz=value, aa=frozenset({bad})),
+        {1: value, 2: [[bad]]},
+        {"a": {bad}, "b": value},
     ]
     with pytest.raises(ValueError, match="NaN or infinity"):
-        canonical_bytes(wrappers[where](value))
+        canonical_bytes(wrapped[where])
 
 
 @HYPOTHESIS
