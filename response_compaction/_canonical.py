@@ -1,4 +1,4 @@
-"""Canonical JSON, digests and schema validation. Pure: no I/O, no event loop.
+"""Canonical JSON and schema validation. Pure: no I/O, no event loop.
 
 The canonical form is msgspec JSON with every object's keys sorted, no whitespace, UTF-8.
 It is *not* RFC 8785 (numbers are msgspec's shortest round-trip form, strings are escaped
@@ -13,7 +13,6 @@ piece and yield to their event loop in between, so a 90 MB value never freezes i
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -24,17 +23,14 @@ from ._messages import content_free
 from ._refusals import duplicate_key_path, first_problem
 
 __all__ = [
-    "DIGEST_PREFIX",
     "PIECE_BYTES",
     "Span",
     "canonical_bytes",
     "decode_exact",
-    "digest_of",
     "iter_canonical",
     "to_exact_value",
 ]
 
-DIGEST_PREFIX = "sha256:"
 #: Pieces aim at about this size: large enough to amortise per-call overhead, small enough
 #: that encoding one holds the GIL for a few milliseconds.
 PIECE_BYTES = 1 << 20
@@ -114,11 +110,6 @@ def decode_exact(data: bytes | memoryview, schema: Any) -> Any:
 @functools.lru_cache(maxsize=256)
 def _decoder(schema: Any) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(schema)
-
-
-def digest_of(data: bytes | memoryview) -> str:
-    """``"sha256:" + hex`` of ``data``."""
-    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
 
 
 def canonical_bytes(value: Any) -> bytes:

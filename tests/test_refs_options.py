@@ -34,8 +34,8 @@ _hex64 = st.text(alphabet=HEX, min_size=64, max_size=64)
 
 
 def test_reference_of_a_digest() -> None:
-    """A sha256 digest becomes "rc1:" + its hex, and parses back to that hex."""
-    digest = "sha256:" + "ab" * 32
+    """A keyed digest becomes "rc1:" + its hex, and parses back to that hex."""
+    digest = "hmac-sha256:" + "ab" * 32
     ref = exact_ref_for(digest)
     assert ref == "rc1:" + "ab" * 32
     assert parse_exact_ref(ref) == ParsedRef("ab" * 32)
@@ -45,17 +45,17 @@ def test_reference_of_a_digest() -> None:
     "digest",
     [
         "ab" * 32,
-        "sha256:" + "AB" * 32,
-        "sha256:" + "ab" * 31,
-        "sha256:" + "ab" * 33,
-        "sha1:" + "ab" * 32,
-        "sha256:" + "ab" * 31 + "g0",
-        "sha256:" + "ab" * 32 + "\n",
+        "hmac-sha256:" + "AB" * 32,
+        "hmac-sha256:" + "ab" * 31,
+        "hmac-sha256:" + "ab" * 33,
+        "sha256:" + "ab" * 32,
+        "hmac-sha256:" + "ab" * 31 + "g0",
+        "hmac-sha256:" + "ab" * 32 + "\n",
     ],
 )
 def test_bad_digests_are_refused(digest: str) -> None:
-    """hex_of_digest accepts only "sha256:" and exactly 64 lowercase hex."""
-    with pytest.raises(ValueError, match="not a sha256 digest"):
+    """hex_of_digest accepts only "hmac-sha256:" and exactly 64 lowercase hex."""
+    with pytest.raises(ValueError, match="not a hmac-sha256 digest"):
         hex_of_digest(digest)
 
 
@@ -159,7 +159,7 @@ async def test_well_formed_unknown_reference_reads_missing(harness: rc.Harness) 
 # ----------------------------------------------------------------------------- summary identity
 
 _IDENTITY: dict[str, Any] = {
-    "exact_digest": "sha256:" + "ab" * 32,
+    "exact_digest": "hmac-sha256:" + "ab" * 32,
     "summary_json_schema": {"type": "object"},
     "instructions": "be brief",
     "ladder": "cheap",
@@ -168,7 +168,7 @@ _IDENTITY: dict[str, Any] = {
     "shown_bytes": 2048,
 }
 _CHANGED: dict[str, Any] = {
-    "exact_digest": "sha256:" + "cd" * 32,
+    "exact_digest": "hmac-sha256:" + "cd" * 32,
     "summary_json_schema": {"type": "object", "title": "x"},
     "instructions": "be briefer",
     "ladder": "other",

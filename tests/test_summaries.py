@@ -160,8 +160,8 @@ async def test_valid_summary_is_returned_stored_and_reported(
     assert outcomes(receipt) == [("small", "ok")]
     assert receipt.summary_bytes == len(summary_bytes)
     assert isinstance(receipt.summary_digest, str)
-    assert receipt.summary_digest.startswith("sha256:")
-    assert len(receipt.summary_digest) == len("sha256:") + 64
+    assert receipt.summary_digest.startswith("hmac-sha256:")
+    assert len(receipt.summary_digest) == len("hmac-sha256:") + 64
     assert receipt.shown_bytes == receipt.exact_bytes  # 67 KB is under the 96000 default
     assert (receipt.input_tokens, receipt.output_tokens) == (11, 7)
     assert receipt.fallback_reason is UNSET

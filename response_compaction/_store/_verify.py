@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import pickle
 import sys
@@ -15,6 +14,7 @@ import anyio.lowlevel
 import anyio.to_process
 
 from .._canonical import Span, decode_exact
+from .._digest import matches
 from .._perf import paused_gc
 from .._slices import decode_sliced
 from ._fileio import FileBackend
@@ -42,13 +42,15 @@ class EntryReport:
     detail: str = ""
 
 
-def check_bytes(data: bytes, hex_digest: str, size: int) -> None:
-    """Raise ``ValueError`` unless ``data`` is ``size`` bytes hashing to ``hex_digest``."""
+def check_bytes(data: bytes, hex_digest: str, size: int, key: bytes) -> None:
+    """Raise ``ValueError`` unless ``data`` is ``size`` bytes whose keyed digest is ``hex_digest``.
+
+    The message never shows the digest the bytes do have: it would be an oracle for the key.
+    """
     if len(data) != size:
         raise ValueError(f"truncated or padded: {len(data)} bytes on disk, {size} recorded")
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != hex_digest:
-        raise ValueError(f"bytes hash to sha256:{actual}, expected sha256:{hex_digest}")
+    if not matches(key, data, hex_digest):
+        raise ValueError("bytes do not match their digest")
 
 
 async def read_all(backend: FileBackend, path: str, dir_fd: int | None = None) -> bytes:
@@ -68,9 +70,10 @@ async def checked_value(
     size: int,
     schema: Any,
     spans: tuple[Span, ...],
+    key: bytes,
 ) -> Any:
     """Digest-check ``data`` off the loop, then decode it, in slices when it is large."""
-    await backend.run(check_bytes, data, hex_digest, size)
+    await backend.run(check_bytes, data, hex_digest, size, key)
     if size < GC_PAUSE_BYTES:
         return decode_exact(data, schema)
     with paused_gc():
@@ -84,6 +87,7 @@ async def verify_file(
     size: int,
     schema: Any,
     spans: tuple[Span, ...],
+    key: bytes,
     *,
     want_value: bool,
 ) -> Any:
@@ -95,7 +99,7 @@ async def verify_file(
     if size >= PROCESS_VERIFY_BYTES and not want_value and _worker_can_load(schema):
         try:
             problem = await anyio.to_process.run_sync(
-                _verify_in_worker, path, hex_digest, size, schema, cancellable=True
+                _verify_in_worker, path, hex_digest, size, schema, key, cancellable=True
             )
         except (anyio.BrokenWorkerProcess, ImportError, AttributeError, pickle.PickleError):
             pass  # the worker could not load the schema: verify here instead
@@ -104,11 +108,11 @@ async def verify_file(
                 raise ValueError(problem)
             return None
     data = await read_all(backend, path)
-    value = await checked_value(backend, data, hex_digest, size, schema, spans)
+    value = await checked_value(backend, data, hex_digest, size, schema, spans, key)
     return value if want_value else None
 
 
-def _verify_in_worker(path: str, hex_digest: str, size: int, schema: Any) -> str | None:
+def _verify_in_worker(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> str | None:
     """Runs in a worker process: read the file back and verify it, GC off (we own the process).
 
     Returns what is wrong, or None; raising is kept for "this worker could not do the job".
@@ -118,7 +122,7 @@ def _verify_in_worker(path: str, hex_digest: str, size: int, schema: Any) -> str
         data = file.readall()
     gc.disable()
     try:
-        check_bytes(data, hex_digest, size)
+        check_bytes(data, hex_digest, size, key)
         decode_exact(data, schema)
     except ValueError as exc:
         return str(exc)
@@ -139,7 +143,7 @@ def _worker_can_load(schema: Any) -> bool:
     return True
 
 
-def check_entry(root: str, entry: Entry, expired: bool) -> EntryReport:
+def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
     """Blocking: re-check one recorded entry's bytes against its digest (not its schema)."""
     kind, key, size = entry.kind, entry.key, entry.size
     try:
@@ -155,7 +159,7 @@ def check_entry(root: str, entry: Entry, expired: bool) -> EntryReport:
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
     try:
-        check_bytes(data, entry.digest, size)
+        check_bytes(data, entry.digest, size, secret)
     except ValueError as exc:
         return EntryReport(kind, key, "broken", size, str(exc))
     return EntryReport(kind, key, "expired" if expired else "found", size)
