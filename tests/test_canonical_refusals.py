@@ -102,7 +102,8 @@ async def test_mixed_keys_that_do_not_collide_are_kept(harness: rc.Harness) -> N
     """An int key and a different str key are both stored and read back as JSON keys."""
     compacted = await _compact(harness, {1: "a", "2": "b", 1.5: "c"}, Any)
     read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
-    assert read == rc.Found(value={"1": "a", "1.5": "c", "2": "b"})
+    expected: dict[str, Any] = {"1": "a", "1.5": "c", "2": "b"}
+    assert read == rc.Found(value=expected)
 
 
 # ----------------------------------------------------------------------------- finding 5
