@@ -103,7 +103,7 @@ async def test_mixed_keys_that_do_not_collide_are_kept(harness: rc.Harness) -> N
     compacted = await _compact(harness, {1: "a", "2": "b", 1.5: "c"}, Any)
     read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
     expected: dict[str, Any] = {"1": "a", "1.5": "c", "2": "b"}
-    assert read == rc.Found(value=expected)
+    assert read == rc.Found[Any](value=expected)
 
 
 # ----------------------------------------------------------------------------- finding 5
