@@ -169,3 +169,27 @@ def test_cli_stderr_quotes_no_content(tmp_path: Path) -> None:
     assert b"at `$.state`" in broken.stderr
     assert SECRET.encode() not in broken.stderr
     assert sys.executable
+
+
+async def test_mcp_tool_detail_quotes_no_content(tmp_path: Path, anyio_backend: str) -> None:
+    """The MCP read_exact tool's broken detail names the path, not the value."""
+    from mcp import Client
+
+    from response_compaction.mcp import create_server
+
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    stored = await rc.response_compact(harness, Loose(state=SECRET), Loose, Summary, OPTIONS)
+    async with Client(create_server(harness, exact_schema=Ticket)) as client:
+        result = await client.call_tool("read_exact", {"exact_ref": stored.receipt.exact_ref})
+    assert isinstance(result.structured_content, dict)
+    assert result.structured_content["state"] == "broken"
+    assert "at `$.state`" in result.structured_content["detail"]
+    assert SECRET not in str(result.structured_content)
+
+
+def test_decode_of_deep_nesting_is_a_value_error() -> None:
+    """Decoding bytes nested beyond the recursion limit raises ValueError, not RecursionError."""
+    from response_compaction._canonical import decode_exact
+
+    with pytest.raises(ValueError, match="nests too deeply"):
+        decode_exact(b"[" * 5000 + b"]" * 5000, Any)
