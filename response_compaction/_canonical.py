@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 
 from ._messages import content_free
-from ._refusals import duplicate_key_path, first_problem
+from ._refusals import duplicate_key_path, first_problem, keys_may_merge, merged_key_path
 
 __all__ = [
     "PIECE_BYTES",
@@ -70,22 +70,38 @@ def to_exact_value(response: Any, schema: Any) -> Any:
     quoting a value or a key of the response (:func:`content_free`).
     """
     try:
-        if isinstance(response, msgspec.Raw):
-            value = _decoder(schema).decode(response)
-            _refuse_duplicate_keys(bytes(memoryview(response)))
-            return value
-        # Only a struct instance is taken as is: other "types" (typing.Any on 3.11 is one)
-        # may refuse isinstance, and convert() handles them all.
-        struct_schema = isinstance(schema, type) and issubclass(schema, msgspec.Struct)
-        if struct_schema and isinstance(response, schema):
-            return response
-        return msgspec.convert(response, schema)
+        value, plain = _convert(response, schema)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ValueError(
             f"exact_response does not validate against exact_schema: {content_free(exc)}"
         ) from None
     except RecursionError:
         raise ValueError(_TOO_DEEP) from None
+    if plain is not None and keys_may_merge(schema):
+        # A schema with float, UUID, datetime... keys reads "1" and "1.0" as one key: the
+        # input had two members, the value would keep one.
+        path = merged_key_path(value, plain())
+        if path is not None:
+            raise ValueError(
+                "exact_response has two keys that exact_schema reads as one key in the object"
+                f" at `{path}`; decoding would keep only the last"
+            )
+    return value
+
+
+def _convert(response: Any, schema: Any) -> tuple[Any, Callable[[], Any] | None]:
+    """The value of ``schema``, and how to get the input as plain JSON to compare keys with."""
+    if isinstance(response, msgspec.Raw):
+        value = _decoder(schema).decode(response)
+        data = bytes(memoryview(response))
+        _refuse_duplicate_keys(data)
+        return value, functools.partial(msgspec.json.decode, data)
+    # Only a struct instance is taken as is: other "types" (typing.Any on 3.11 is one)
+    # may refuse isinstance, and convert() handles them all.
+    struct_schema = isinstance(schema, type) and issubclass(schema, msgspec.Struct)
+    if struct_schema and isinstance(response, schema):
+        return response, None
+    return msgspec.convert(response, schema), lambda: response
 
 
 def _refuse_duplicate_keys(data: bytes) -> None:

@@ -12,13 +12,20 @@ fast encoder has already seen something suspicious.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
 
 import msgspec
+import msgspec.inspect as mi
 
-__all__ = ["duplicate_key_path", "first_problem"]
+__all__ = [
+    "duplicate_key_path",
+    "first_problem",
+    "keys_may_merge",
+    "merged_key_path",
+]
 
 _SCALARS = (bool, int, bytes, bytearray, memoryview, msgspec.Raw, type(None))
 
@@ -136,3 +143,70 @@ def duplicate_key_path(data: bytes) -> str | None:
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> None:
     if len(pairs) > 1 and len({key for key, _ in pairs}) != len(pairs):
         raise _DuplicateKeyError
+
+
+@functools.lru_cache(maxsize=256)
+def keys_may_merge(schema: Any) -> bool:
+    """Whether decoding JSON text against ``schema`` could turn two distinct keys into one.
+
+    A mapping whose key type is not ``str`` (or ``Any``) parses its keys: ``"1"`` and
+    ``"1.0"`` are both the float ``1.0``, two spellings of one UUID are one UUID. Only such
+    schemas pay for :func:`merged_key_path`.
+    """
+    try:
+        root = mi.type_info(schema)
+    except (TypeError, ValueError):
+        return True
+    seen: set[int] = set()
+    stack: list[Any] = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, mi.DictType) and not isinstance(node.key_type, mi.StrType | mi.AnyType):
+            return True
+        if isinstance(node, mi.Field):
+            stack.append(node.type)
+        elif isinstance(node, mi.Type):
+            for name in node.__struct_fields__:
+                child = getattr(node, name)
+                stack.extend(child if isinstance(child, tuple) else (child,))
+    return False
+
+
+def merged_key_path(typed: Any, untyped: Any) -> str | None:
+    """The path of the first mapping that has fewer keys in ``typed`` than in ``untyped``.
+
+    ``typed`` and ``untyped`` are one JSON text (free of duplicate keys) decoded against the
+    schema and as plain JSON. Both keep document order, so as long as no keys merged, the
+    members of a mapping pair up in order; a struct pairs with its encoded field names.
+    """
+    stack: list[tuple[Any, Any, str]] = [(typed, untyped, "$")]
+    while stack:
+        value, plain, path = stack.pop()
+        if isinstance(value, dict) and isinstance(plain, dict):
+            if len(value) != len(plain):
+                return path
+            stack.extend(
+                (v, p, f"{path}[...]") for v, p in zip(value.values(), plain.values(), strict=True)
+            )
+        elif isinstance(value, msgspec.Struct):
+            names = zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
+            if isinstance(plain, dict):
+                stack.extend(
+                    (getattr(value, name), plain[encoded], f"{path}.{encoded}")
+                    for name, encoded in names
+                    if encoded in plain
+                )
+            elif isinstance(plain, list):  # array_like: fields in order, after the tag if any
+                items = plain[1:] if value.__struct_config__.tag is not None else plain
+                stack.extend(
+                    (getattr(value, name), item, f"{path}.{encoded}")
+                    for (name, encoded), item in zip(names, items, strict=False)
+                )
+        elif isinstance(value, list | tuple) and isinstance(plain, list):
+            stack.extend(
+                (v, p, f"{path}[{i}]") for i, (v, p) in enumerate(zip(value, plain, strict=False))
+            )
+    return None

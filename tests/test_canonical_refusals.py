@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,52 @@ async def test_mixed_keys_that_do_not_collide_are_kept(harness: rc.Harness) -> N
     read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
     expected: dict[str, Any] = {"1": "a", "1.5": "c", "2": "b"}
     assert read == rc.Found[Any](value=expected)
+
+
+class Weights(msgspec.Struct, frozen=True):
+    w: dict[float, str]
+
+
+class Tagged(msgspec.Struct, frozen=True, array_like=True, tag=True):
+    n: int
+    w: dict[float, str]
+
+
+_MERGED_BY_SCHEMA: list[tuple[str, Any, Any, str]] = [
+    ("float spellings", msgspec.Raw(b'{"1.0": "a", "1": "b"}'), dict[float, str], "`$`"),
+    ("exponent", msgspec.Raw(b'{"w": {"1e0": "a", "1": "b"}}'), Weights, "`$.w`"),
+    ("signed zero", msgspec.Raw(b'[{"w": {"-0.0": "a", "0": "b"}}]'), list[Weights], "`$[0].w`"),
+    ("array-like", msgspec.Raw(b'["Tagged", 1, {"1.5": "a", "15e-1": "b"}]'), Tagged, "`$.w`"),
+    (
+        "uuid spellings",
+        {str(uuid.UUID(int=5)): "a", uuid.UUID(int=5).hex: "b"},
+        dict[uuid.UUID, str],
+        "`$`",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "schema", "path"),
+    [c[1:] for c in _MERGED_BY_SCHEMA],
+    ids=[c[0] for c in _MERGED_BY_SCHEMA],
+)
+async def test_keys_the_schema_reads_as_one_are_refused(
+    harness: rc.Harness, value: Any, schema: Any, path: str
+) -> None:
+    """Distinct keys that the schema's key type parses to one key raise ValueError; none lost."""
+    with pytest.raises(ValueError, match="reads as one key") as caught:
+        await _compact(harness, value, schema)
+    assert path in str(caught.value)
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+async def test_distinct_parsed_keys_are_kept(harness: rc.Harness) -> None:
+    """Float keys that stay distinct after parsing are stored and read back."""
+    raw = msgspec.Raw(b'{"w": {"1.0": "a", "2": "b", "-1.5": "c"}}')
+    compacted = await _compact(harness, raw, Weights)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Weights)
+    assert read == rc.Found(value=Weights(w={1.0: "a", 2.0: "b", -1.5: "c"}))
 
 
 # ----------------------------------------------------------------------------- finding 5
