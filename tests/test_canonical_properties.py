@@ -154,3 +154,27 @@ def _not_refused(value: Any) -> bool:
     except RefusedError:
         return False
     return True
+
+
+def _spellings(number: float) -> st.SearchStrategy[str]:
+    """Ways to write one float as a JSON number, all of which a float key parses back to it."""
+    mantissa, exponent = f"{number:e}".split("e")
+    padded = repr(number) if "e" in repr(number) else f"{number!r}0"
+    return st.sampled_from([repr(number), f"{number:.17g}", f"{mantissa}e{int(exponent)}", padded])
+
+
+@HYPOTHESIS
+@given(data=st.data())
+def test_float_keys_spelled_apart_are_refused_or_all_kept(data: st.DataObject) -> None:
+    """JSON text for dict[float, int] is refused exactly when two of its keys parse equal."""
+    numbers = data.draw(st.lists(st.sampled_from([0.0, -0.0, 1.0, 1.5, 2.5e-3, 1e16]), max_size=5))
+    keys = [data.draw(_spellings(number)) for number in numbers]
+    unique_keys = list(dict.fromkeys(keys))
+    text = "{" + ",".join(f'"{key}":{i}' for i, key in enumerate(unique_keys)) + "}"
+    parsed = {float(key) for key in unique_keys}
+    if len(parsed) < len(unique_keys):
+        with pytest.raises(ValueError, match="reads as one key"):
+            to_exact_value(msgspec.Raw(text.encode()), dict[float, int])
+    else:
+        value = to_exact_value(msgspec.Raw(text.encode()), dict[float, int])
+        assert len(value) == len(unique_keys)
