@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,36 @@ async def test_entries_under_a_lost_key_read_broken(tmp_path: Path) -> None:
     read = await _read(tmp_path, receipt.exact_ref)
     assert isinstance(read, rc.Broken)
     assert "4821" not in read.detail
+
+
+_CHILD = """
+import sys
+from typing import Any
+import response_compaction as rc
+from response_compaction import sync
+from tests.schemas import FALLBACK, Summary
+harness = rc.Harness(fs=rc.LocalWorkspace(sys.argv[1]), llm=None)
+options = {"fallback": FALLBACK, "ladder": "cheap"}
+compacted = sync.response_compact(harness, {"i": int(sys.argv[2])}, Any, Summary, options)
+print(compacted.receipt.exact_ref)
+"""
+REPO = Path(__file__).resolve().parent.parent
+
+
+async def test_processes_racing_for_a_fresh_store_agree_on_one_key(tmp_path: Path) -> None:
+    """Processes that create one fresh store's key at once all name entries under one key."""
+    ws = tmp_path / "ws"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    refs: dict[int, str] = {}
+
+    async def child(i: int) -> None:
+        done = await anyio.run_process([sys.executable, "-c", _CHILD, str(ws), str(i)], env=env)
+        refs[i] = done.stdout.decode().strip()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(child, i)
+    key = (store_root(ws) / "key").read_bytes()
+    for i, ref in refs.items():
+        assert ref == "rc1:" + hmac.new(key, canonical({"i": i}), hashlib.sha256).hexdigest()
+        assert await _read(ws, ref) == rc.Found(value={"i": i})
