@@ -5,7 +5,8 @@ Layout below ``workspace_temp_dir()``::
     response-compaction-v1/        0700, owned by us, never a symlink
         index.sqlite3              one row per entry: digest, size, expiry, last use
         tmp/                       temporary files, renamed into place when verified
-        exact/ab/abcdef...         canonical bytes, named by their sha256
+        key                        the store's secret digest key, 0600 (see _key)
+        exact/ab/abcdef...         canonical bytes, named by their keyed digest
         summary/cd/cdef01...       canonical summary bytes, named by their cache identity
 
 Entries are immutable files written by one algorithm (:meth:`Store.put`): a temporary file
@@ -20,7 +21,7 @@ summary, is not sealed to its key) is ``Broken``: the index is a hint, never tru
 
 Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (the connection
 registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
-safely), ``_clocks`` (expiry rules across skewed clocks), ``_secret`` (the sealing key),
+safely), ``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store key),
 ``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop file seam).
 This module puts them together; nothing below it imports it.
 """
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import secrets
 import time
@@ -40,13 +40,15 @@ from typing import Any, TypeVar
 import anyio
 
 from .._canonical import Span
+from .._digest import digest_of, new_hasher
 from .._errors import StoreError, map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
-from ._fileio import AsyncBinaryFile, FileBackend, current_backend
+from ._fileio import FileBackend, current_backend, write_all
 from ._index import CorruptRowError, Index, IndexBusy, Row
+from ._key import load_key
 from ._paths import (
     KINDS,
     ROOT_NAME,
@@ -61,7 +63,6 @@ from ._paths import (
     sweep_temps,
     unlink_quietly,
 )
-from ._secret import load_secret
 from ._verify import (
     EntryReport,
     check_entry,
@@ -107,19 +108,23 @@ async def open_store(fs: Any) -> Store:
     backend = file_backend or current_backend()
     base = os.fspath(fs.workspace_temp_dir())
     with map_errors(f"cannot use the workspace {base!r} for the store"):
-        root = await backend.run(prepare_root, base)
-        secret = await backend.run(load_secret, root)
-    return Store(root, clock or time.time, backend, secret)
+        root, key = await backend.run(_prepare, base)
+    return Store(root, clock or time.time, backend, key)
+
+
+def _prepare(base: str) -> tuple[str, bytes]:
+    root = prepare_root(base)
+    return root, load_key(root)
 
 
 class Store:
     """Content-addressed entries under an owned root, with TTL and LRU in an index."""
 
-    def __init__(self, root: str, clock: Clock, backend: FileBackend, secret: bytes) -> None:
+    def __init__(self, root: str, clock: Clock, backend: FileBackend, key: bytes) -> None:
         self.root = root
         self.clock = clock
         self._backend = backend
-        self._secret = secret
+        self._key = key
 
     async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread, retried while the index is busy.
@@ -141,6 +146,10 @@ class Store:
                     ) from None
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.05)
+
+    def digest_of(self, data: bytes | memoryview) -> str:
+        """The keyed digest of ``data`` under this store's key, as receipts carry it."""
+        return digest_of(self._key, data)
 
     @contextlib.asynccontextmanager
     async def _using_index(self) -> AsyncIterator[Index]:
@@ -187,7 +196,7 @@ class Store:
                 )
                 now = self.clock()
                 row = Row(
-                    seal(self._secret, kind, key or hex_digest, hex_digest),
+                    seal(self._key, kind, key or hex_digest, hex_digest),
                     size,
                     now + ttl_seconds,
                     encode_layout(layout) if layout else None,
@@ -226,12 +235,12 @@ class Store:
         backend = self._backend
         file = await backend.open(temp_name, "xb", opener(tmp_fd, 0o600))
         try:
-            hasher = hashlib.sha256()
+            hasher = new_hasher(self._key)
             size = 0
             for piece in pieces:
                 hasher.update(piece)
                 size += len(piece)
-                await _write_all(file, piece)
+                await write_all(file, piece)
             await backend.run(os.fsync, file.fileno())
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
@@ -247,6 +256,7 @@ class Store:
             size,
             schema,
             tuple(layout or ()),
+            self._key,
             want_value=size <= size_for_value,
         )
         return hex_digest, size, value
@@ -269,7 +279,7 @@ class Store:
                 return data
             try:
                 # The reference (or, for a summary, the sealed row) is the only digest trusted.
-                await self._backend.run(check_trusted, data, kind, key, row.digest, self._secret)
+                await self._backend.run(check_trusted, data, kind, key, row.digest, self._key)
                 value = await decoded_value(data, schema, decode_layout(row.layout))
             except ValueError as exc:
                 return Broken(detail=f"{kind} entry does not verify: {exc}")
@@ -324,7 +334,7 @@ class Store:
             entries = await self._patiently(index.entries)
         return [
             await self._backend.run(
-                check_entry, self.root, entry, entry.expires_at <= now, self._secret
+                check_entry, self.root, entry, entry.expires_at <= now, self._key
             )
             for entry in entries
         ]
@@ -381,12 +391,3 @@ def _remove(index: Index, kind: Kind, key: str) -> None:
     with index.transaction() as tx, Dirs(index.root) as dirs:
         tx.delete(kind, key)
         dirs.unlink(kind, key)
-
-
-async def _write_all(file: AsyncBinaryFile, piece: bytes | memoryview) -> None:
-    view = memoryview(piece).cast("B")
-    while view:
-        written = await file.write(view)
-        if written <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        view = view[written:]
