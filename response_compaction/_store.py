@@ -34,9 +34,9 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -84,6 +84,7 @@ _HEX_KEY = re.compile(r"[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,22 +696,42 @@ class Store:
         await self._touch(kind, key, read.now)
         return Found(value=value)
 
-    async def get_bytes(self, kind: Kind, key: str) -> bytes | Missing | Broken:
-        """The digest-checked bytes of one entry (not decoded); a read counts as a use.
+    async def get_checked(
+        self, kind: Kind, key: str, work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]]
+    ) -> T | Missing | Broken:
+        """Run ``work`` on one entry's bytes while they are digest-checked; a read is a use.
 
         For readers that look at part of a large entry without decoding all of it. The
-        digest is checked in a worker thread (hashlib lets go of the GIL), so the caller's
-        event loop keeps running meanwhile.
+        digest is checked in a worker thread (hashlib lets go of the GIL) while ``work`` runs
+        on the event loop with the bytes and the stored layout hint, so the two overlap.
+        ``work``'s result is returned only when the bytes verify; when they do not, the
+        answer is ``Broken`` whatever ``work`` did, and ``work``'s exception, if any, is raised
+        only for bytes that verified.
         """
         read = await self._read_entry(kind, key)
         if not isinstance(read, _Entry):
             return read
-        try:
-            await self._backend.run(_check_bytes, read.data, read.hex_digest, read.size)
-        except ValueError as exc:
-            return Broken(detail=f"{kind} entry does not verify: {exc}")
+        problem: list[ValueError] = []
+
+        async def check() -> None:
+            try:
+                await self._backend.run(_check_bytes, read.data, read.hex_digest, read.size)
+            except ValueError as exc:
+                problem.append(exc)
+
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(check)
+            try:
+                result = await work(read.data, decode_layout(read.layout))
+            except Exception as exc:  # re-raised below once the bytes verify
+                failure = exc
+        if problem:
+            return Broken(detail=f"{kind} entry does not verify: {problem[0]}")
+        if failure is not None:
+            raise failure
         await self._touch(kind, key, read.now)
-        return read.data
+        return result
 
     async def _read_entry(self, kind: Kind, key: str) -> _Entry | Missing | Broken:
         """The unverified bytes of a live entry and what its row says they should be."""
