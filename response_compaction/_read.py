@@ -12,12 +12,12 @@ import anyio.lowlevel
 import msgspec
 
 from ._canonical import Span
-from ._fileio import current_backend
 from ._models import Broken, Found, Missing
 from ._part import Part, check_request, parse_pointer, part_of
 from ._part_index import Node, index_document, remember
 from ._refs import parse_exact_ref
 from ._store import open_store
+from ._store._fileio import current_backend
 
 __all__ = ["response_compaction_read_part"]
 
