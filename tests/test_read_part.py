@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 import response_compaction as rc
+import response_compaction.sync as rc_sync
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
@@ -209,3 +210,15 @@ async def test_tampered_entry_reads_broken(harness: rc.Harness, tmp_path: Path) 
     assert isinstance(result, rc.Broken)
     assert "does not verify" in result.detail
     assert "mnnn" not in result.detail
+
+
+def test_blocking_twin(tmp_path: Path) -> None:
+    """``sync.response_compaction_read_part`` reads the same part without an event loop."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    ref = rc_sync.response_compact(harness, DOC, Any, Summary, OPTIONS).receipt.exact_ref
+    result = rc_sync.response_compaction_read_part(harness, ref, pointer="/rows", start=3, stop=5)
+    assert isinstance(result, rc.Found)
+    assert result.value.value == DOC["rows"][3:5]
+    assert rc_sync.response_compaction_read_part(harness, "bad") == rc.Broken(
+        detail="malformed exact_ref 'bad': expected 'rc1:' followed by 64 lowercase hex"
+    )
