@@ -67,7 +67,7 @@ async def response_compaction_read_part(
         return node, (cut() if inline else await current_backend().run(cut))
 
     try:
-        result = await store.get_checked("exact", parsed.hex, work)
+        result = await store.get_checked("exact", parsed.hex, work, hex_digest=parsed.hex)
     except msgspec.DecodeError as exc:
         return Broken(detail=f"exact entry does not verify: not JSON ({exc})")
     if isinstance(result, Missing | Broken):
