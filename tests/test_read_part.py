@@ -12,6 +12,7 @@ import pytest
 
 import response_compaction as rc
 import response_compaction.sync as rc_sync
+from tests.conftest import FakeClock
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
@@ -247,3 +248,27 @@ async def test_rewritten_row_cannot_vouch_for_rewritten_bytes(
     result = await rc.response_compaction_read_part(harness, ref, pointer="/flag")
     assert isinstance(result, rc.Broken)
     assert "does not verify" in result.detail
+
+
+async def test_tampered_bytes_read_broken_even_when_the_pointer_fails(
+    harness: rc.Harness, tmp_path: Path
+) -> None:
+    """A pointer that names nothing in tampered bytes is Broken, not a LookupError."""
+    ref = await store(harness, DOC)
+    hex_digest = ref.removeprefix("rc1:")
+    path = tmp_path / "ws" / "response-compaction-v1" / "exact" / hex_digest[:2] / hex_digest
+    path.write_bytes(path.read_bytes().replace(b'"flag"', b'"flah"'))
+    result = await rc.response_compaction_read_part(harness, ref, pointer="/flag")
+    assert isinstance(result, rc.Broken)
+    with pytest.raises(LookupError):
+        await rc.response_compaction_read_part(harness, await store(harness, DOC), pointer="/no")
+
+
+async def test_expired_entry_reads_missing(harness: rc.Harness, clock: FakeClock) -> None:
+    """Past its TTL an entry reads Missing through read_part, as through read_exact."""
+    compacted = await rc.response_compact(harness, DOC, Any, Summary, OPTIONS | {"ttl_seconds": 5})
+    ref = compacted.receipt.exact_ref
+    assert isinstance(await rc.response_compaction_read_part(harness, ref), rc.Found)
+    clock.advance(6)
+    assert await rc.response_compaction_read_part(harness, ref) == rc.Missing()
+    assert await rc.response_compaction_read_exact(harness, ref, Any) == rc.Missing()
