@@ -6,6 +6,7 @@ they hash to the digest the reference names, and the part is cut from those byte
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import anyio.lowlevel
@@ -67,7 +68,15 @@ async def response_compaction_read_part(
         return node, (cut() if inline else await current_backend().run(cut))
 
     try:
-        result = await store.get_checked("exact", parsed.hex, work, hex_digest=parsed.hex)
+        result = await store.get_checked(
+            "exact",
+            parsed.hex,
+            work,
+            hex_digest=parsed.hex,
+            whole_work=functools.partial(
+                _part_with_node, pointer=pointer, start=start, stop=stop, max_bytes=max_bytes
+            ),
+        )
     except msgspec.DecodeError as exc:
         return Broken(detail=f"exact entry does not verify: not JSON ({exc})")
     if isinstance(result, Missing | Broken):
@@ -75,3 +84,10 @@ async def response_compaction_read_part(
     node, part = result
     remember(parsed.hex, node)
     return Found(value=part)
+
+
+def _part_with_node(
+    data: bytes, *, pointer: str, start: int | None, stop: int | None, max_bytes: int
+) -> tuple[Node, Part]:
+    """For a worker process: the part, and no node worth sending back (nothing to remember)."""
+    return b"", part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)

@@ -12,6 +12,8 @@ import pytest
 
 import response_compaction as rc
 import response_compaction.sync as rc_sync
+from response_compaction._part import part_of
+from tests._store_support import FaultyBackend, with_backend
 from tests.conftest import FakeClock
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
@@ -272,3 +274,36 @@ async def test_expired_entry_reads_missing(harness: rc.Harness, clock: FakeClock
     clock.advance(6)
     assert await rc.response_compaction_read_part(harness, ref) == rc.Missing()
     assert await rc.response_compaction_read_exact(harness, ref, Any) == rc.Missing()
+
+
+@pytest.mark.slow
+async def test_large_entry_without_layout_is_cut_in_a_worker_process(
+    harness: rc.Harness, tmp_path: Path
+) -> None:
+    """Over 8 MiB with no layout (a plain dict), the part comes from a worker process,
+    verified there: the same part, LookupError for nothing, Broken for tampered bytes."""
+    rows = [{"id": i, "name": "n" * 40, "tags": ["a", "b"]} for i in range(150_000)]
+    value = {"rows": rows, "total": len(rows)}
+    ref = await store(harness, value)
+    data = msgspec.json.encode(value, order="sorted")
+    assert len(data) > 8 << 20
+    opened: list[str] = []
+
+    async def before_open(mode: str) -> None:
+        opened.append(mode)
+
+    watched = with_backend(harness, FaultyBackend(before_open=before_open))
+    got = await part(watched, ref, pointer="/rows", start=149_990, max_bytes=4096)
+    assert "rb" not in opened  # this process never read the entry: a worker did
+    assert got == rc.Part(
+        **msgspec.structs.asdict(part_of(data, "/rows", start=149_990, max_bytes=4096))
+    )
+    assert got.value == rows[149_990:]
+    with pytest.raises(LookupError):
+        await rc.response_compaction_read_part(harness, ref, pointer="/rows/150000")
+    hex_digest = ref.removeprefix("rc1:")
+    path = tmp_path / "ws" / "response-compaction-v1" / "exact" / hex_digest[:2] / hex_digest
+    path.write_bytes(path.read_bytes().replace(b'"total":150000', b'"total":150001'))
+    broken = await rc.response_compaction_read_part(harness, ref, pointer="/total")
+    assert isinstance(broken, rc.Broken)
+    assert "does not verify" in broken.detail
