@@ -56,7 +56,7 @@ async def response_compaction_read_part(
         return Broken(detail=str(error))
     store = await open_store(harness.fs)
 
-    async def work(data: bytes, spans: tuple[Span, ...]) -> tuple[Node, Part]:
+    async def work(data: bytes, spans: tuple[Span, ...]) -> tuple[Node | None, Part]:
         node = await index_document(data, spans, parsed.hex, anyio.lowlevel.checkpoint)
 
         def cut() -> Part:
@@ -82,12 +82,13 @@ async def response_compaction_read_part(
     if isinstance(result, Missing | Broken):
         return result
     node, part = result
-    remember(parsed.hex, node)
+    if node is not None:
+        remember(parsed.hex, node)  # only now: the bytes it was learned from verified
     return Found(value=part)
 
 
 def _part_with_node(
     data: bytes, *, pointer: str, start: int | None, stop: int | None, max_bytes: int
-) -> tuple[Node, Part]:
-    """For a worker process: the part, and no node worth sending back (nothing to remember)."""
-    return b"", part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)
+) -> tuple[Node | None, Part]:
+    """For a worker process: the part, and no node (a node holds the whole document)."""
+    return None, part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)
