@@ -72,7 +72,6 @@ async def response_compaction_read_part(
             "exact",
             parsed.hex,
             work,
-            hex_digest=parsed.hex,
             whole_work=functools.partial(
                 _part_with_node, pointer=pointer, start=start, stop=stop, max_bytes=max_bytes
             ),
