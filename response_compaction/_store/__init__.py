@@ -5,7 +5,8 @@ Layout below ``workspace_temp_dir()``::
     response-compaction-v1/        0700, owned by us, never a symlink
         index.sqlite3              one row per entry: digest, size, expiry, last use
         tmp/                       temporary files, renamed into place when verified
-        exact/ab/abcdef...         canonical bytes, named by their sha256
+        key                        the store's secret digest key, 0600 (see _key)
+        exact/ab/abcdef...         canonical bytes, named by their keyed digest
         summary/cd/cdef01...       canonical summary bytes, named by their cache identity
 
 Entries are immutable files written by one algorithm (:meth:`Store.put`): a temporary file
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import secrets
 import time
@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import anyio
 
 from .._canonical import Span
+from .._digest import digest_of, new_hasher
 from .._errors import StoreError, map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
@@ -44,6 +45,7 @@ from .._slices import decode_layout, encode_layout
 from . import _index, _partial
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
 from ._index import CorruptRowError, Index, IndexBusy, Row
+from ._key import load_key
 from ._paths import (
     KINDS,
     ROOT_NAME,
@@ -51,7 +53,6 @@ from ._paths import (
     Dirs,
     Kind,
     NotRegularFileError,
-    load_secret,
     open_dir,
     open_fanout,
     opener,
@@ -104,19 +105,23 @@ async def open_store(fs: Any) -> Store:
     backend = file_backend or current_backend()
     base = os.fspath(fs.workspace_temp_dir())
     with map_errors(f"cannot use the workspace {base!r} for the store"):
-        root = await backend.run(prepare_root, base)
-        secret = await backend.run(load_secret, root)
-    return Store(root, clock or time.time, backend, secret)
+        root, key = await backend.run(_prepare, base)
+    return Store(root, clock or time.time, backend, key)
+
+
+def _prepare(base: str) -> tuple[str, bytes]:
+    root = prepare_root(base)
+    return root, load_key(root)
 
 
 class Store:
     """Content-addressed entries under an owned root, with TTL and LRU in an index."""
 
-    def __init__(self, root: str, clock: Clock, backend: FileBackend, secret: bytes) -> None:
+    def __init__(self, root: str, clock: Clock, backend: FileBackend, key: bytes) -> None:
         self.root = root
         self.clock = clock
         self._backend = backend
-        self._secret = secret
+        self._key = key
 
     async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread, retried while the index is busy.
@@ -138,6 +143,10 @@ class Store:
                     ) from None
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.05)
+
+    def digest_of(self, data: bytes | memoryview) -> str:
+        """The keyed digest of ``data`` under this store's key, as receipts carry it."""
+        return digest_of(self._key, data)
 
     @contextlib.asynccontextmanager
     async def _using_index(self) -> AsyncIterator[Index]:
@@ -184,7 +193,7 @@ class Store:
                 )
                 now = self.clock()
                 row = Row(
-                    seal(self._secret, kind, key or hex_digest, hex_digest),
+                    seal(self._key, kind, key or hex_digest, hex_digest),
                     size,
                     now + ttl_seconds,
                     encode_layout(layout) if layout else None,
@@ -223,7 +232,7 @@ class Store:
         backend = self._backend
         file = await backend.open(temp_name, "xb", opener(tmp_fd, 0o600))
         try:
-            hasher = hashlib.sha256()
+            hasher = new_hasher(self._key)
             size = 0
             for piece in pieces:
                 hasher.update(piece)
@@ -244,6 +253,7 @@ class Store:
             size,
             schema,
             tuple(layout or ()),
+            self._key,
             want_value=size <= size_for_value,
         )
         return hex_digest, size, value
@@ -264,7 +274,7 @@ class Store:
                 return data
             try:
                 # The reference (or, for a summary, the sealed row) is the only digest trusted.
-                await self._backend.run(check_trusted, data, kind, key, row.digest, self._secret)
+                await self._backend.run(check_trusted, data, kind, key, row.digest, self._key)
                 value = await decoded_value(data, schema, decode_layout(row.layout))
             except ValueError as exc:
                 return Broken(detail=f"{kind} entry does not verify: {exc}")
@@ -334,7 +344,7 @@ class Store:
             entries = await self._patiently(index.entries)
         return [
             await self._backend.run(
-                check_entry, self.root, entry, entry.expires_at <= now, self._secret
+                check_entry, self.root, entry, entry.expires_at <= now, self._key
             )
             for entry in entries
         ]
