@@ -30,7 +30,7 @@ import errno
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,7 +42,7 @@ from .._errors import StoreError, map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
-from . import _index, _partial
+from . import _index
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._key import load_key
@@ -282,21 +282,6 @@ class Store:
             # must not turn an intact entry into an error.
             await self._backend.run(index.record_use, kind, key, now)
         return Found(value=value)
-
-    async def get_checked(
-        self,
-        kind: Kind,
-        key: str,
-        work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
-        *,
-        whole_work: Callable[[bytes], T] | None = None,
-    ) -> T | Missing | Broken:
-        """``work(bytes, layout hint)`` on one entry, its result only for bytes that verify.
-
-        The check (against the reference, as :meth:`get`) overlaps the work. An entry of 8 MiB
-        or more without a layout goes to ``whole_work(bytes)`` in a worker process instead.
-        """
-        return await _partial.get_checked(self, kind, key, work, whole_work)
 
     async def _read_entry(self, kind: Kind, key: str) -> bytes | Missing | Broken:
         try:

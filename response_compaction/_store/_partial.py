@@ -1,7 +1,8 @@
 """Work on an entry's bytes while they are verified: for readers of a part of a large entry.
 
-:func:`get_checked` is :meth:`Store.get_checked`. Two ways, one rule (a result leaves only
-when the bytes are what the key names: for an exact entry, they hash to the reference):
+:func:`get_checked` is the entry point, a reader's twin of :meth:`Store.get`. Two ways, one
+rule (a result leaves only when the bytes are what the key names: for an exact entry, what
+the reference names):
 
 - :func:`overlap_check`: the bytes are in this process; the digest is checked in a worker
   thread (hashlib lets go of the GIL) while the work runs on the event loop.
@@ -50,7 +51,12 @@ async def get_checked(
     work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
     whole_work: Callable[[bytes], T] | None,
 ) -> T | Missing | Broken:
-    """See :meth:`Store.get_checked` (this module is part of the store: it uses its privates)."""
+    """``work(bytes, layout hint)`` on one entry, its result only for bytes that verify.
+
+    The check (against the reference, as :meth:`Store.get`) overlaps the work. An entry of
+    8 MiB or more without a layout goes to ``whole_work(bytes)`` (picklable) in a worker
+    process instead. A read is a use. Part of the store package: it uses the store's privates.
+    """
     async with store._using_index() as index:
         try:
             row = await store._patiently(index.lookup, kind, key)
@@ -61,9 +67,7 @@ async def get_checked(
             return Missing()
         spans = decode_layout(row.layout)
         # The reference (or, for a summary, the sealed row) is the only digest trusted.
-        check = partial(
-            check_trusted, kind=kind, key=key, recorded=row.digest, secret=store._secret
-        )
+        check = partial(check_trusted, kind=kind, key=key, recorded=row.digest, secret=store._key)
         backend = store._backend
         result: T | Missing | Broken | ValueError | None = None
         with map_errors(f"could not read the {kind} entry"):
