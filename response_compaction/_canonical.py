@@ -21,6 +21,8 @@ from typing import Any
 
 import msgspec
 
+from ._pydantic import is_pydantic_schema, pydantic_decode, pydantic_exact_value, pydantic_plain
+
 __all__ = [
     "DIGEST_PREFIX",
     "PIECE_BYTES",
@@ -65,7 +67,10 @@ def to_exact_value(response: Any, schema: Any) -> Any:
     ``msgspec.Raw`` is decoded as JSON against the schema; an instance of a struct schema is
     taken as it is (it is validated later through its canonical bytes); anything else is
     converted from builtins. Raises ``ValueError`` with msgspec's message when it does not fit.
+    A pydantic schema is validated by pydantic and comes back as plain data.
     """
+    if is_pydantic_schema(schema):
+        return pydantic_exact_value(response, schema)
     try:
         if isinstance(response, msgspec.Raw):
             return _decoder(schema).decode(response)
@@ -81,6 +86,8 @@ def to_exact_value(response: Any, schema: Any) -> Any:
 
 def decode_exact(data: bytes | memoryview, schema: Any) -> Any:
     """Decode canonical bytes against ``schema``; ``ValueError`` with msgspec's message if not."""
+    if is_pydantic_schema(schema):
+        return pydantic_decode(data, schema)
     try:
         return _decoder(schema).decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -112,7 +119,7 @@ def iter_canonical(
     is a list, a :class:`Span` is appended for each array streamed in slices at the top level
     or as a field of a top-level struct, so a reader can decode it slice by slice.
     """
-    return _Stream(piece_bytes, layout).value(value, top=True)
+    return _Stream(piece_bytes, layout).value(pydantic_plain(value), top=True)
 
 
 class _Stream:

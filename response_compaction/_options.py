@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from ._models import CompactionOptions
+from ._pydantic import is_pydantic_schema, resolve_pydantic_fallback
 
 __all__ = ["resolve_options"]
 
@@ -18,6 +19,10 @@ def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[A
     Returns a ``CompactionOptions`` whose fallback is a validated value of the summary schema.
     Raises ``ValueError`` naming the offending key.
     """
+    if is_pydantic_schema(summary_schema, "summary_schema"):
+        rest, fallback = resolve_pydantic_fallback(options, summary_schema)
+        resolved = resolve_options(rest, Any)
+        return msgspec.structs.replace(resolved, fallback=fallback)
     if isinstance(options, CompactionOptions):
         # msgspec does not validate on construction: check the fields as if they were decoded.
         data: dict[str, Any] = {f: getattr(options, f) for f in options.__struct_fields__}
