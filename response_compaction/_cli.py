@@ -297,6 +297,27 @@ async def _mcp(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _proxy(args: argparse.Namespace) -> int:
+    from ._proxy import ProxyConfig, serve_proxy  # imported here: the mcp extra is optional
+
+    if not args.upstream:
+        raise ValueError("proxy needs the upstream server's command after --: proxy -- CMD")
+    options = {"fallback": DEFAULT_FALLBACK, "ladder": args.ladder}
+    if args.above is not None:
+        options["summarize_above_bytes"] = args.above
+    model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
+    async with model.catalog() as llm:
+        config = ProxyConfig(
+            harness=_harness(args, llm),
+            options=options,
+            summary_schema=DefaultSummary,
+            max_bytes=args.max_bytes,
+            text_bytes=args.text_bytes,
+        )
+        await serve_proxy(args.upstream[0], args.upstream[1:], config)
+    return EXIT_OK
+
+
 async def _demo(args: argparse.Namespace) -> int:
     model = ModelConfig.from_env(args.model, args.base_url, "demo")
     async with model.catalog() as llm:
@@ -480,6 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
 
+    _add_proxy(sub, [root, model])
+
     demo = sub.add_parser(
         "demo",
         parents=[model],
@@ -511,12 +534,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_proxy(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    proxy = sub.add_parser(
+        "proxy",
+        parents=parents,
+        help="serve an MCP proxy that compacts a stdio MCP server's large results",
+        usage="%(prog)s [options] -- CMD [ARGS...]",
+        description=(
+            "Start CMD as a stdio MCP server and serve its tools on stdin/stdout. Results above "
+            "--above bytes are stored exactly and replaced by a short text with the summary "
+            "(or fallback) and an exact_ref; the added read_exact tool reads them back in "
+            "parts of at most --max-bytes. Needs the mcp extra."
+        ),
+    )
+    proxy.add_argument("upstream", nargs="*", metavar="CMD", help="upstream server command")
+    proxy.add_argument(
+        "--above",
+        metavar="BYTES",
+        type=_positive,
+        help="compact results above this many bytes "
+        f"(default: {_DEFAULTS['summarize_above_bytes']})",
+    )
+    proxy.add_argument(
+        "--ladder", metavar="NAME", default="default", help="ladder name (default: %(default)s)"
+    )
+    proxy.add_argument(
+        "--max-bytes",
+        metavar="N",
+        type=_positive,
+        default=100_000,
+        help="cap on every read_exact reply (default: %(default)s)",
+    )
+    proxy.add_argument(
+        "--text-bytes",
+        metavar="N",
+        type=_positive,
+        default=16_000,
+        help="cap on the text that replaces a compacted result (default: %(default)s)",
+    )
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
     "compact": _compact,
     "read": _read,
     "verify": _verify,
     "prune": _prune,
     "mcp": _mcp,
+    "proxy": _proxy,
     "demo": _demo,
 }
 
