@@ -97,6 +97,17 @@ class Stored:
 
 
 @dataclass(frozen=True, slots=True)
+class _Entry:
+    """An entry's bytes as read, before they are checked, and when they were read."""
+
+    data: bytes
+    hex_digest: str
+    size: int
+    layout: bytes | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class EntryReport:
     """One entry as ``verify`` saw it."""
 
@@ -672,6 +683,37 @@ class Store:
 
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
         """Read, digest-check and validate one entry; a read counts as a use."""
+        read = await self._read_entry(kind, key)
+        if not isinstance(read, _Entry):
+            return read
+        try:
+            value = await self._checked_value(
+                read.data, read.hex_digest, read.size, schema, decode_layout(read.layout)
+            )
+        except ValueError as exc:
+            return Broken(detail=f"{kind} entry does not verify: {exc}")
+        await self._touch(kind, key, read.now)
+        return Found(value=value)
+
+    async def get_bytes(self, kind: Kind, key: str) -> bytes | Missing | Broken:
+        """The digest-checked bytes of one entry (not decoded); a read counts as a use.
+
+        For readers that look at part of a large entry without decoding all of it. The
+        digest is checked in a worker thread (hashlib lets go of the GIL), so the caller's
+        event loop keeps running meanwhile.
+        """
+        read = await self._read_entry(kind, key)
+        if not isinstance(read, _Entry):
+            return read
+        try:
+            await self._backend.run(_check_bytes, read.data, read.hex_digest, read.size)
+        except ValueError as exc:
+            return Broken(detail=f"{kind} entry does not verify: {exc}")
+        await self._touch(kind, key, read.now)
+        return read.data
+
+    async def _read_entry(self, kind: Kind, key: str) -> _Entry | Missing | Broken:
+        """The unverified bytes of a live entry and what its row says they should be."""
         with _index_errors():
             index = await self._index()
             row = await self._backend.run(index.lookup, kind, key)
@@ -697,13 +739,12 @@ class Store:
             if exc.errno == errno.ELOOP:
                 return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
             raise StoreError(exc.errno, f"could not read the {kind} entry: {exc.strerror}") from exc
-        try:
-            value = await self._checked_value(data, hex_digest, size, schema, decode_layout(layout))
-        except ValueError as exc:
-            return Broken(detail=f"{kind} entry does not verify: {exc}")
+        return _Entry(data, hex_digest, size, layout, now)
+
+    async def _touch(self, kind: Kind, key: str, now: float) -> None:
         with _index_errors():
+            index = await self._index()
             await self._backend.run(index.touch, kind, key, now)
-        return Found(value=value)
 
     async def prune(self, max_entries: int | None = None) -> int:
         """Remove expired entries, and those beyond ``max_entries`` per kind.

@@ -1,0 +1,63 @@
+"""``response_compaction_read_part``: a bounded, verified part of an exact value.
+
+The thin I/O shell around :mod:`._part`: the store hands over the entry's bytes only after
+they hash to the digest the reference names, and the part is cut from those bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ._fileio import current_backend
+from ._models import Broken, Found, Missing
+from ._part import Part, check_request, parse_pointer, part_of
+from ._refs import parse_exact_ref
+from ._store import open_store
+
+__all__ = ["response_compaction_read_part"]
+
+#: Entries up to this size are cut on the event loop; larger ones in a worker thread.
+INLINE_BYTES = 1 << 20
+
+
+async def response_compaction_read_part(
+    harness: Any,
+    exact_ref: str,
+    *,
+    pointer: str = "",
+    start: int | None = None,
+    stop: int | None = None,
+    max_bytes: int = 65536,
+) -> Found[Part] | Missing | Broken:
+    """Read a bounded part of an exact value: the node at ``pointer``, window ``[start, stop)``.
+
+    Verified like :func:`response_compaction_read_exact`: ``Found(Part)`` only from bytes
+    that hash to the digest in ``exact_ref``; ``Missing()`` when never stored, expired or
+    evicted; ``Broken(detail)`` for a malformed reference or bytes that do not verify. The
+    part's ``json`` is never more than ``max_bytes`` UTF-8 bytes; see :class:`Part` for how
+    arrays and objects are windowed, outlined when not even one item fits, and strings cut.
+
+    Raises ``ValueError`` for a malformed pointer, a negative ``start``/``stop`` or
+    ``max_bytes < 256`` (before any I/O), and ``LookupError`` when the pointer names nothing
+    in the value. A read counts as a use of the entry.
+    """
+    parse_pointer(pointer)
+    check_request(start, stop, max_bytes)
+    parsed = parse_exact_ref(exact_ref)
+    if isinstance(parsed, str):
+        return Broken(detail=parsed)
+    store = await open_store(harness.fs)
+    data = await store.get_bytes("exact", parsed.hex)
+    if not isinstance(data, bytes):
+        return data
+
+    def cut() -> Part:
+        return part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)
+
+    try:
+        part = cut() if len(data) <= INLINE_BYTES else await current_backend().run(cut)
+    except msgspec.DecodeError as exc:
+        return Broken(detail=f"exact entry does not verify: not JSON ({exc})")
+    return Found(value=part)
