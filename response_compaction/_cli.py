@@ -293,7 +293,7 @@ async def _prune(args: argparse.Namespace) -> int:
 async def _mcp(args: argparse.Namespace) -> int:
     from .mcp import serve_stdio  # imported here: the mcp extra is optional
 
-    await serve_stdio(_harness(args), exact_schema=args.schema)
+    await serve_stdio(_harness(args), exact_schema=args.schema, max_bytes=args.max_bytes)
     return EXIT_OK
 
 
@@ -490,15 +490,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="also re-hash every entry and remove those whose bytes no longer match",
     )
 
-    sub.add_parser(
+    mcp = sub.add_parser(
         "mcp",
         parents=[root, schema],
         help="serve an MCP read_exact tool on stdio",
         description=(
             "Serve a Model Context Protocol server on stdin/stdout with one tool, read_exact "
-            '({"exact_ref": ...} -> {"state", "value" | "detail"}). Needs the mcp extra: '
-            "pip install 'response-compaction[mcp]'."
+            "(exact_ref, pointer, start, stop, max_bytes -> a bounded, verified part). Needs "
+            "the mcp extra: pip install 'response-compaction[mcp]'."
         ),
+    )
+    mcp.add_argument(
+        "--max-bytes",
+        metavar="N",
+        type=_positive,
+        default=100_000,
+        help="the most one reply may hold, text and structured content together "
+        "(default: %(default)s)",
     )
 
     _add_proxy(sub, [root, model])

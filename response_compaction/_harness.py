@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ._store._fileio import FileBackend
 
 __all__ = ["Harness", "LocalWorkspace", "Workspace"]
 
@@ -21,14 +24,20 @@ class LocalWorkspace:
     """A workspace on the local filesystem.
 
     ``clock`` (seconds since the epoch) is what TTL and LRU are measured with; tests inject a
-    fake one. It defaults to ``time.time``.
+    fake one. It defaults to ``time.time``. ``file_backend`` is how the store's bytes reach the
+    disk; it defaults to the running event loop's, and tests inject faults through it.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, clock: Callable[[], float] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] | None = None,
+        file_backend: FileBackend | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.clock = clock
+        self.file_backend = file_backend
 
     def workspace_temp_dir(self) -> str:
         """The workspace directory itself (created 0700 on first use)."""

@@ -22,6 +22,8 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
+from ._part_index import BigArray, Node, RootObject
+
 __all__ = [
     "CUT_MARKER",
     "MIN_MAX_BYTES",
@@ -43,6 +45,14 @@ _STR = msgspec.json.Decoder(str)
 _ENCODE = msgspec.json.Encoder(order="sorted").encode
 _INDEX = re.compile(r"0|[1-9][0-9]*")
 _ESCAPE = re.compile(r"~(?![01])")
+_KINDS = {
+    ord("{"): "object",
+    ord("["): "array",
+    ord('"'): "string",
+    ord("t"): "boolean",
+    ord("f"): "boolean",
+    ord("n"): "null",
+}
 
 
 class Part(Struct, frozen=True, kw_only=True):
@@ -98,7 +108,7 @@ def check_request(start: int | None, stop: int | None, max_bytes: int) -> None:
 
 
 def part_of(
-    data: bytes | memoryview,
+    data: Node,
     pointer: str = "",
     *,
     start: int | None = None,
@@ -107,6 +117,7 @@ def part_of(
 ) -> Part:
     """The part of the JSON document ``data`` at ``pointer``, windowed and bounded.
 
+    ``data`` is the document's bytes, or the node :func:`index_document` made of them.
     Raises ``ValueError`` for a malformed pointer or request, ``LookupError`` when the
     pointer names nothing, and ``msgspec.DecodeError`` when ``data`` is not JSON.
     """
@@ -116,20 +127,20 @@ def part_of(
     return show(node, pointer, start, stop, max_bytes)
 
 
-def locate(data: bytes | memoryview, tokens: Sequence[str]) -> bytes | memoryview | Raw:
-    """The bytes of the node ``tokens`` name; ``LookupError`` naming the depth if none."""
-    node: bytes | memoryview | Raw = data
+def locate(data: Node, tokens: Sequence[str]) -> Node:
+    """The node ``tokens`` name; ``LookupError`` naming the depth if none."""
+    node = data
     for depth, token in enumerate(tokens):
         kind = _kind(node)
         if kind == "object":
-            members = _DICT.decode(node)
+            members = _members(node)
             if token not in members:
                 raise LookupError(f"pointer names no member at depth {depth + 1}")
             node = members[token]
         elif kind == "array":
             if _INDEX.fullmatch(token) is None:
                 raise LookupError(f"pointer token at depth {depth + 1} is not an array index")
-            items = _LIST.decode(node)
+            items = _items(node)
             index = int(token)
             if index >= len(items):
                 raise LookupError(f"array index at depth {depth + 1} is out of range")
@@ -139,17 +150,15 @@ def locate(data: bytes | memoryview, tokens: Sequence[str]) -> bytes | memoryvie
     return node
 
 
-def show(
-    node: bytes | memoryview | Raw, pointer: str, start: int | None, stop: int | None, limit: int
-) -> Part:
+def show(node: Node, pointer: str, start: int | None, stop: int | None, limit: int) -> Part:
     """The bounded part of one located node."""
     kind = _kind(node)
     if kind == "object":
-        members = _DICT.decode(node)
-        return _window(node, pointer, list(members.items()), start, stop, limit, keyed=True)
+        members = _members(node)
+        return _window(node, pointer, list(members), list(members.values()), start, stop, limit)
     if kind == "array":
-        items = _LIST.decode(node)
-        return _window(node, pointer, list(enumerate(items)), start, stop, limit, keyed=False)
+        return _window(node, pointer, None, _items(node), start, stop, limit)
+    assert not isinstance(node, BigArray | RootObject)  # noqa: S101 - _kind said so
     if kind == "string":
         return _string(node, pointer, start, stop, limit)
     # Numbers, booleans and null are a few dozen bytes at most: always whole.
@@ -159,6 +168,26 @@ def show(
     )
 
 
+def _members(node: Node) -> dict[str, Raw | BigArray] | dict[str, Raw]:
+    return node.members if isinstance(node, RootObject) else _DICT.decode(_flat(node))
+
+
+def _items(node: Node) -> Sequence[Raw]:
+    return node.items() if isinstance(node, BigArray) else _LIST.decode(_flat(node))
+
+
+def _flat(node: Node) -> bytes | memoryview | Raw:
+    assert not isinstance(node, BigArray | RootObject)  # noqa: S101 - callers checked
+    return node
+
+
+def _json_if_within(node: Node, room: int) -> bytes | None:
+    """The node's JSON when it is at most ``room`` bytes, without copying one that is not."""
+    if _size(node) > room:
+        return None
+    return node.raw_bytes() if isinstance(node, BigArray) else bytes(_flat(node))
+
+
 @dataclass(slots=True)
 class _Fill:
     """Items joined inside brackets, never past ``limit`` bytes."""
@@ -166,6 +195,9 @@ class _Fill:
     limit: int
     parts: list[bytes]
     size: int = 2  # the brackets
+
+    def room(self) -> int:
+        return self.limit - self.size - (1 if self.parts else 0)
 
     def add(self, piece: bytes) -> bool:
         extra = len(piece) + (1 if self.parts else 0)
@@ -177,64 +209,65 @@ class _Fill:
 
 
 def _window(
-    node: bytes | memoryview | Raw,
+    node: Node,
     pointer: str,
-    items: list[tuple[Any, Raw]],
+    keys: list[str] | None,
+    children: Sequence[Raw | BigArray],
     start: int | None,
     stop: int | None,
     limit: int,
-    *,
-    keyed: bool,
 ) -> Part:
-    count = len(items)
+    count = len(children)
     first = min(start or 0, count)
     last = count if stop is None else max(first, min(stop, count))
     fill = _Fill(limit, [])
     end = first
     while end < last:
-        key, raw = items[end]
-        piece = _ENCODE(key) + b":" + bytes(raw) if keyed else bytes(raw)
-        if not fill.add(piece):
+        prefix = b"" if keys is None else _ENCODE(keys[end]) + b":"
+        value = _json_if_within(children[end], fill.room() - len(prefix))
+        if value is None or not fill.add(prefix + value):
             break
         end += 1
     outline = end == first < last
     if outline:
         fill = _Fill(limit, [])
-        while end < last and fill.add(_outline_entry(items[end], keyed, limit - 2)):
+        while end < last:
+            key: str | int = end if keys is None else keys[end]
+            if not fill.add(_outline_entry(key, children[end], keys is not None, limit - 2)):
+                break
             end += 1
         brackets = b"[]"
     else:
-        brackets = b"{}" if keyed else b"[]"
+        brackets = b"[]" if keys is None else b"{}"
     body = brackets[:1] + b",".join(fill.parts) + brackets[1:]
     return Part(
         pointer=pointer,
         json=body.decode(),
         value=_ANY.decode(body),
         complete=not outline and first == 0 and end == count,
+        total_bytes=_size(node),
         total_items=count,
         start=first,
         stop=end,
         next_start=end if end < count else UNSET,
         outline=outline,
-        total_bytes=_size(node),
     )
 
 
-def _outline_entry(item: tuple[Any, Raw], keyed: bool, room: int) -> bytes:
+def _outline_entry(key: str | int, child: Raw | BigArray, keyed: bool, room: int) -> bytes:
     """``{"index"|"key", "type", "bytes", "items"|"keys"}`` of one item, within ``room``."""
-    key, raw = item
-    kind = _kind(raw)
-    entry: dict[str, Any] = {"type": kind, "bytes": len(memoryview(raw))}
+    kind = _kind(child)
+    entry: dict[str, Any] = {"type": kind, "bytes": _size(child)}
     if kind == "array":
-        entry["items"] = len(_LIST.decode(raw))
+        entry["items"] = len(_items(child))
     elif kind == "object":
-        entry["keys"] = len(_DICT.decode(raw))
+        entry["keys"] = len(_members(child))
     if not keyed:
         entry["index"] = key
         return _ENCODE(entry)
     entry["key"] = ""
     # A key too long to show whole is cut like any string, so the entry always fits.
-    entry["key"] = _fit(key, room - len(_ENCODE(entry)) + 2)[0]
+    entry["key"] = _fit(str(key), room - len(_ENCODE(entry)) + 2)[0]
     return _ENCODE(entry)
 
 
@@ -281,20 +314,16 @@ def _fit(text: str, limit: int, *, more_after: bool = False) -> tuple[str, int]:
     return text[:low] + CUT_MARKER, low
 
 
-def _kind(node: bytes | memoryview | Raw) -> str:
+def _kind(node: Node) -> str:
+    if isinstance(node, BigArray):
+        return "array"
+    if isinstance(node, RootObject):
+        return "object"
     view = memoryview(node)
     if not view:
         raise msgspec.DecodeError("empty JSON value")
-    first = view[0]
-    return {
-        ord("{"): "object",
-        ord("["): "array",
-        ord('"'): "string",
-        ord("t"): "boolean",
-        ord("f"): "boolean",
-        ord("n"): "null",
-    }.get(first, "number")
+    return _KINDS.get(view[0], "number")
 
 
-def _size(node: bytes | memoryview | Raw) -> int:
-    return len(memoryview(node))
+def _size(node: Node) -> int:
+    return node.size if isinstance(node, BigArray | RootObject) else len(memoryview(node))

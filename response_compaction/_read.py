@@ -8,17 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio.lowlevel
 import msgspec
 
-from ._fileio import current_backend
+from ._canonical import Span
 from ._models import Broken, Found, Missing
 from ._part import Part, check_request, parse_pointer, part_of
+from ._part_index import Node, index_document, remember
 from ._refs import parse_exact_ref
 from ._store import open_store
+from ._store._fileio import current_backend
 
 __all__ = ["response_compaction_read_part"]
 
-#: Entries up to this size are cut on the event loop; larger ones in a worker thread.
+#: Documents without a usable layout are cut on the event loop up to this size, larger ones
+#: in a worker thread.
 INLINE_BYTES = 1 << 20
 
 
@@ -49,15 +53,24 @@ async def response_compaction_read_part(
     if isinstance(parsed, str):
         return Broken(detail=parsed)
     store = await open_store(harness.fs)
-    data = await store.get_bytes("exact", parsed.hex)
-    if not isinstance(data, bytes):
-        return data
 
-    def cut() -> Part:
-        return part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)
+    async def work(data: bytes, spans: tuple[Span, ...]) -> tuple[Node, Part]:
+        node = await index_document(data, spans, parsed.hex, anyio.lowlevel.checkpoint)
+
+        def cut() -> Part:
+            return part_of(node, pointer, start=start, stop=stop, max_bytes=max_bytes)
+
+        # Without a usable layout a large document is scanned by msgspec in one call, which
+        # holds the GIL; in a worker thread the loop at least runs between its calls.
+        scan_whole = isinstance(node, bytes) and len(node) > INLINE_BYTES
+        return node, (await current_backend().run(cut) if scan_whole else cut())
 
     try:
-        part = cut() if len(data) <= INLINE_BYTES else await current_backend().run(cut)
+        result = await store.get_checked("exact", parsed.hex, work)
     except msgspec.DecodeError as exc:
         return Broken(detail=f"exact entry does not verify: not JSON ({exc})")
+    if isinstance(result, Missing | Broken):
+        return result
+    node, part = result
+    remember(parsed.hex, node)
     return Found(value=part)
