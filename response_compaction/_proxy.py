@@ -123,7 +123,7 @@ async def open_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> 
     resolve_options(config.options, config.summary_schema)  # bad options: fail before starting
     env = dict(os.environ if config.env is None else config.env)
     params = mcp.StdioServerParameters(command=command, args=list(args), env=env)
-    reader_server = create_server(config.harness)
+    reader_server = create_server(config.harness, max_bytes=config.max_bytes)
     async with mcp.Client(params) as upstream, mcp.Client(reader_server) as reader:
         read_tools = [
             tool.model_copy(update={"name": config.read_tool})

@@ -15,7 +15,7 @@ from ._canonical import Span
 from ._models import Broken, Found, Missing
 from ._part import Part, check_request, parse_pointer, part_of
 from ._part_index import Node, index_document, remember
-from ._refs import parse_exact_ref
+from ._refs import MalformedRefError, parse_exact_ref
 from ._store import open_store
 from ._store._fileio import current_backend
 
@@ -49,9 +49,10 @@ async def response_compaction_read_part(
     """
     parse_pointer(pointer)
     check_request(start, stop, max_bytes)
-    parsed = parse_exact_ref(exact_ref)
-    if isinstance(parsed, str):
-        return Broken(detail=parsed)
+    try:
+        parsed = parse_exact_ref(exact_ref)
+    except MalformedRefError as error:  # main's _refs raises now (merge of the two branches)
+        return Broken(detail=str(error))
     store = await open_store(harness.fs)
 
     async def work(data: bytes, spans: tuple[Span, ...]) -> tuple[Node, Part]:

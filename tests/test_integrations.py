@@ -55,7 +55,7 @@ def check_answer(tool_text: str, answer: str) -> None:
     assert "kind: fallback" in tool_text
     read = msgspec.json.decode(answer)
     assert read["state"] == "found"
-    assert read["value"] == RECORD_97
+    assert read["part"]["value"] == RECORD_97
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ async def test_openai_agents_sync_tool_runs_in_a_thread(compactor: Compactor) ->
     tool = compacted_tool(compactor, big_records, name_override="big_records")
     tool_text, answer = await run_agents(tool, compactor)
     assert "kind: exact" not in tool_text
-    assert msgspec.json.decode(answer)["value"] == RECORD_97
+    assert msgspec.json.decode(answer)["part"]["value"] == RECORD_97
 
 
 # --------------------------------------------------------------------------- Pydantic AI
@@ -193,7 +193,7 @@ async def test_pydantic_ai_sync_tool_runs_in_a_thread(compactor: Compactor) -> N
 
     tool_text, answer = await run_pydantic_ai(compacted_tool(compactor, big_records), compactor)
     assert "exact_ref: rc1:" in tool_text
-    assert msgspec.json.decode(answer)["value"] == RECORD_97
+    assert msgspec.json.decode(answer)["part"]["value"] == RECORD_97
 
 
 # --------------------------------------------------------------------------- LangChain
@@ -267,7 +267,7 @@ def test_langchain_middleware_on_a_sync_agent(compactor: Compactor) -> None:
     state = agent.invoke({"messages": [{"role": "user", "content": "find record 97"}]})
     tool_text, answer = langchain_texts(state)
     assert "exact_ref: rc1:" in tool_text
-    assert msgspec.json.decode(answer)["value"] == RECORD_97
+    assert msgspec.json.decode(answer)["part"]["value"] == RECORD_97
 
 
 @asyncio_only
@@ -303,8 +303,8 @@ async def test_read_back_is_capped_and_errors_are_answers(compactor: Compactor) 
     assert match is not None
     whole = msgspec.json.decode(await small.read(match.group(0), "/records", max_bytes=10**9))
     assert whole["state"] == "found"
-    assert len(msgspec.json.encode(whole["value"])) <= 2000
-    assert whole["next_start"] > 0
+    assert len(msgspec.json.encode(whole["part"]["value"])) <= 2000
+    assert whole["part"]["next_start"] > 0
     nothing = msgspec.json.decode(await small.read(match.group(0), pointer="/nope"))
     assert nothing["state"] == "error"
     missing = msgspec.json.decode(await small.read("rc1:" + "0" * 64))

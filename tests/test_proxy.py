@@ -78,7 +78,7 @@ async def test_two_stdio_hops_compact_a_5mb_result(tmp_path: Path) -> None:
         assert match is not None
         part = await read_part(client, match.group(0), pointer="/records/97")
         assert part["state"] == "found"
-        assert part["value"] == RECORD_97
+        assert part["part"]["value"] == RECORD_97
         whole = await read_part(client, match.group(0))
         assert len(msgspec.json.encode(whole)) <= 4000 + 1000
     assert sum(1 for _ in (tmp_path / "response-compaction-v1" / "exact").rglob("*")) >= 1
@@ -112,8 +112,8 @@ async def test_non_json_text_is_retained_as_a_string(tmp_path: Path) -> None:
         assert match is not None
         part = await read_part(client, match.group(0), max_bytes=2000)
         assert part["state"] == "found"
-        assert isinstance(part["value"], str)
-        assert part["value"].startswith("line of log text\n")
+        assert isinstance(part["part"]["value"], str)
+        assert part["part"]["value"].startswith("line of log text\n")
 
 
 # --------------------------------------------------------------------------- in-process

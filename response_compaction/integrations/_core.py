@@ -19,9 +19,9 @@ import msgspec
 
 from .. import sync
 from .._compact import response_compact
-from .._models import Broken, Found, Missing
 from .._pydantic import pydantic_plain
 from .._read import response_compaction_read_part
+from ..mcp import read_result_as_dict
 
 __all__ = ["READ_EXACT_DESCRIPTION", "AgentSummary", "Compactor"]
 
@@ -29,9 +29,9 @@ READ_EXACT_DESCRIPTION = (
     "Read back part of the exact JSON value behind an exact_ref (from a compacted tool "
     "result). pointer: RFC 6901 path into the value ('' = the whole value, '/rows/0' = the "
     "first row); start/stop: a window of array items, object members or string characters; "
-    "max_bytes: the most JSON to return. The answer is JSON: state 'found' with value, "
-    "complete, total_items and next_start (call again from there for more); 'missing' when "
-    "it expired; 'broken' or 'error' with a detail."
+    "max_bytes: the most JSON to return. The answer is JSON: state 'found' with a part (value, "
+    "complete, total_items, next_start: call again with start=next_start for more); "
+    "'missing' when it expired; 'broken' or 'error' with a detail."
 )
 
 
@@ -128,7 +128,7 @@ class Compactor:
             )
         except (LookupError, ValueError) as exc:  # content-free by contract
             return _json({"state": "error", "detail": str(exc)})
-        return _json(_answer(result))
+        return _json(read_result_as_dict(result))
 
     def read_sync(
         self,
@@ -167,15 +167,6 @@ def _exact(result: Any) -> Any:
         except msgspec.DecodeError:
             return result if isinstance(result, str) else result.decode("utf-8", "replace")
     return pydantic_plain(result)
-
-
-def _answer(result: Found[Any] | Missing | Broken) -> dict[str, Any]:
-    if isinstance(result, Found):
-        part: dict[str, Any] = msgspec.to_builtins(result.value)
-        del part["json"]  # the same as value, encoded
-        return {"state": "found", **part}
-    out: dict[str, Any] = msgspec.to_builtins(result)
-    return out
 
 
 def _json(value: Any) -> str:
