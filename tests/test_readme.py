@@ -19,7 +19,16 @@ PRINT_WITH_COMMENT = re.compile(r"^\s*print\(.*\)\s+# (.+)$")
 
 
 def block_id(code: str) -> str:
-    for name in ("OpenAICatalog", "MCPServer", "sync.", "asyncio.run"):
+    for name in (
+        "openai_agents",
+        "pydantic_ai",
+        "integrations.langchain",
+        "BaseModel",
+        "OpenAICatalog",
+        "MCPServer",
+        "sync.",
+        "asyncio.run",
+    ):
         if name in code:
             return name.strip(".").replace(".", "_").lower()
     return "block"
@@ -36,9 +45,18 @@ def expected_lines(code: str) -> list[str | None]:
 
 
 def test_readme_has_the_examples_it_promises() -> None:
-    """The README holds an asyncio quickstart, a blocking one, a model example and MCP."""
+    """The README holds the quickstarts, a model, MCP, pydantic and one block per framework."""
     assert sorted(block_id(code) for code in BLOCKS) == sorted(
-        ["asyncio_run", "sync", "openaicatalog", "mcpserver"]
+        [
+            "asyncio_run",
+            "sync",
+            "openaicatalog",
+            "mcpserver",
+            "basemodel",
+            "openai_agents",
+            "pydantic_ai",
+            "integrations_langchain",
+        ]
     )
 
 
