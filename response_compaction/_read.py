@@ -21,8 +21,8 @@ from ._store._fileio import current_backend
 
 __all__ = ["response_compaction_read_part"]
 
-#: Documents without a usable layout are cut on the event loop up to this size, larger ones
-#: in a worker thread.
+#: Parts of documents up to this size are cut on the event loop, of larger ones in a worker
+#: thread.
 INLINE_BYTES = 1 << 20
 
 
@@ -51,7 +51,7 @@ async def response_compaction_read_part(
     check_request(start, stop, max_bytes)
     try:
         parsed = parse_exact_ref(exact_ref)
-    except MalformedRefError as error:  # main's _refs raises now (merge of the two branches)
+    except MalformedRefError as error:
         return Broken(detail=str(error))
     store = await open_store(harness.fs)
 
@@ -61,13 +61,13 @@ async def response_compaction_read_part(
         def cut() -> Part:
             return part_of(node, pointer, start=start, stop=stop, max_bytes=max_bytes)
 
-        # Without a usable layout a large document is scanned by msgspec in one call, which
-        # holds the GIL; in a worker thread the loop at least runs between its calls.
-        scan_whole = isinstance(node, bytes) and len(node) > INLINE_BYTES
-        return node, (await current_backend().run(cut) if scan_whole else cut())
+        # Without a usable layout a large node is scanned by msgspec in one call, which holds
+        # the GIL; in a worker thread the loop at least runs between such calls.
+        inline = len(data) <= INLINE_BYTES
+        return node, (cut() if inline else await current_backend().run(cut))
 
     try:
-        result = await store.get_checked("exact", parsed.hex, work)
+        result = await store.get_checked("exact", parsed.hex, work, hex_digest=parsed.hex)
     except msgspec.DecodeError as exc:
         return Broken(detail=f"exact entry does not verify: not JSON ({exc})")
     if isinstance(result, Missing | Broken):

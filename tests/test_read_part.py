@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,7 @@ import msgspec
 import pytest
 
 import response_compaction as rc
+import response_compaction.sync as rc_sync
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
@@ -209,3 +212,38 @@ async def test_tampered_entry_reads_broken(harness: rc.Harness, tmp_path: Path) 
     assert isinstance(result, rc.Broken)
     assert "does not verify" in result.detail
     assert "mnnn" not in result.detail
+
+
+def test_blocking_twin(tmp_path: Path) -> None:
+    """``sync.response_compaction_read_part`` reads the same part without an event loop."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    ref = rc_sync.response_compact(harness, DOC, Any, Summary, OPTIONS).receipt.exact_ref
+    result = rc_sync.response_compaction_read_part(harness, ref, pointer="/rows", start=3, stop=5)
+    assert isinstance(result, rc.Found)
+    assert result.value.value == DOC["rows"][3:5]
+    assert rc_sync.response_compaction_read_part(harness, "bad") == rc.Broken(
+        detail="malformed exact_ref 'bad': expected 'rc1:' followed by 64 lowercase hex"
+    )
+
+
+async def test_rewritten_row_cannot_vouch_for_rewritten_bytes(
+    harness: rc.Harness, tmp_path: Path
+) -> None:
+    """Bytes replaced together with the index row's digest still read Broken: the digest
+    checked is the one in the reference."""
+    ref = await store(harness, DOC)
+    hex_digest = ref.removeprefix("rc1:")
+    root = tmp_path / "ws" / "response-compaction-v1"
+    path = root / "exact" / hex_digest[:2] / hex_digest
+    forged = msgspec.json.encode(DOC | {"flag": False}, order="sorted")
+    assert len(forged) == path.stat().st_size + 1  # "false" is one byte longer than "true"
+    path.write_bytes(forged)
+    with sqlite3.connect(root / "index.sqlite3") as conn:
+        conn.execute(
+            "UPDATE entries SET digest = ?, size = ? WHERE key = ?",
+            (hashlib.sha256(forged).hexdigest(), len(forged), hex_digest),
+        )
+    conn.close()
+    result = await rc.response_compaction_read_part(harness, ref, pointer="/flag")
+    assert isinstance(result, rc.Broken)
+    assert "does not verify" in result.detail

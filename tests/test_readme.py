@@ -20,6 +20,7 @@ PRINT_WITH_COMMENT = re.compile(r"^\s*print\(.*\)\s+# (.+)$")
 
 def block_id(code: str) -> str:
     for name in (
+        "read_part",
         "openai_agents",
         "pydantic_ai",
         "integrations.langchain",
@@ -45,10 +46,11 @@ def expected_lines(code: str) -> list[str | None]:
 
 
 def test_readme_has_the_examples_it_promises() -> None:
-    """The README holds the quickstarts, a model, MCP, pydantic and one block per framework."""
+    """The README holds its quickstarts, model, agent loop, MCP, pydantic and framework blocks."""
     assert sorted(block_id(code) for code in BLOCKS) == sorted(
         [
             "asyncio_run",
+            "read_part",
             "sync",
             "openaicatalog",
             "mcpserver",

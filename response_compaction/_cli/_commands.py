@@ -17,7 +17,9 @@ import msgspec
 
 from .._compact import response_compact, response_compaction_read_exact
 from .._harness import Harness, LocalWorkspace
-from .._models import CompactionOptions, Found, Missing
+from .._models import Broken, CompactionOptions, Found, Missing
+from .._part import Part
+from .._read import response_compaction_read_part
 from .._store import open_store
 from .._summarize import SummaryModel
 
@@ -200,8 +202,25 @@ async def _compact(args: argparse.Namespace) -> int:
 
 
 async def _read(args: argparse.Namespace) -> int:
-    result = await response_compaction_read_exact(_harness(args), args.ref, args.schema)
+    window = (args.pointer, args.start, args.stop, args.max_bytes)
+    result: Found[Any] | Missing | Broken
+    if all(option is None for option in window):
+        result = await response_compaction_read_exact(_harness(args), args.ref, args.schema)
+    else:
+        result = await response_compaction_read_part(
+            _harness(args),
+            args.ref,
+            pointer=args.pointer or "",
+            start=args.start,
+            stop=args.stop,
+            max_bytes=65536 if args.max_bytes is None else args.max_bytes,
+        )
     if isinstance(result, Found):
+        if isinstance(result.value, Part):
+            # The part's fields, its value once (not again as a JSON string).
+            shown = {k: v for k, v in msgspec.to_builtins(result.value).items() if k != "json"}
+            _emit(shown)
+            return EXIT_OK
         sys.stdout.buffer.write(msgspec.json.encode(result.value, order="sorted") + b"\n")
         sys.stdout.flush()
         return EXIT_OK

@@ -237,16 +237,23 @@ class Store:
         return Found(value=value)
 
     async def get_checked(
-        self, kind: Kind, key: str, work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]]
+        self,
+        kind: Kind,
+        key: str,
+        work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
+        *,
+        hex_digest: str,
     ) -> T | Missing | Broken:
         """Run ``work`` on one entry's bytes while they are digest-checked; a read is a use.
 
         For readers that look at part of a large entry without decoding all of it. The
-        digest is checked in a worker thread (hashlib lets go of the GIL) while ``work`` runs
-        on the event loop with the bytes and the stored layout hint, so the two overlap.
-        ``work``'s result is returned only when the bytes verify; when they do not, the
-        answer is ``Broken`` whatever ``work`` did, and ``work``'s exception, if any, is raised
-        only for bytes that verified.
+        bytes must hash to ``hex_digest``, which the caller takes from its reference, never
+        from the index (a rewritten row cannot vouch for rewritten bytes). The digest is
+        checked in a worker thread (hashlib lets go of the GIL) while ``work`` runs on the
+        event loop with the bytes and the stored layout hint, so the two overlap. ``work``'s
+        result is returned only when the bytes verify; when they do not, the answer is
+        ``Broken`` whatever ``work`` did, and ``work``'s exception, if any, is raised only for
+        bytes that verified.
         """
         async with self._using_index() as index:
             row = await self._backend.run(index.lookup, kind, key)
@@ -261,7 +268,7 @@ class Store:
 
             async def check() -> None:
                 try:
-                    await self._backend.run(check_bytes, data, row.digest, row.size)
+                    await self._backend.run(check_bytes, data, hex_digest, row.size)
                 except ValueError as exc:
                     problem.append(exc)
 

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import msgspec
 
 from .. import sync
@@ -121,10 +120,9 @@ class Compactor:
         max_bytes: int | None = None,
     ) -> str:
         """The read-back tool's body: a bounded part as JSON text, never more than the cap."""
-        cap = self.max_bytes if max_bytes is None else max(256, min(max_bytes, self.max_bytes))
         try:
             result = await response_compaction_read_part(
-                self.harness, exact_ref, pointer=pointer, start=start, stop=stop, max_bytes=cap
+                self.harness, exact_ref, **self._window(pointer, start, stop, max_bytes)
             )
         except (LookupError, ValueError) as exc:  # content-free by contract
             return _json({"state": "error", "detail": str(exc)})
@@ -138,9 +136,24 @@ class Compactor:
         stop: int | None = None,
         max_bytes: int | None = None,
     ) -> str:
-        """:meth:`read` for a thread with no event loop (reading needs no model client)."""
-        read = functools.partial(self.read, exact_ref, pointer, start, stop, max_bytes)
-        return contextvars.Context().run(anyio.run, read)
+        """:meth:`read` for a worker thread, through the blocking facade."""
+        read = functools.partial(
+            sync.response_compaction_read_part,
+            self.harness,
+            exact_ref,
+            **self._window(pointer, start, stop, max_bytes),
+        )
+        try:
+            result = contextvars.Context().run(read)  # a fresh context: see compact_sync
+        except (LookupError, ValueError) as exc:
+            return _json({"state": "error", "detail": str(exc)})
+        return _json(read_result_as_dict(result))
+
+    def _window(
+        self, pointer: str, start: int | None, stop: int | None, max_bytes: int | None
+    ) -> dict[str, Any]:
+        cap = self.max_bytes if max_bytes is None else max(256, min(max_bytes, self.max_bytes))
+        return {"pointer": pointer, "start": start, "stop": stop, "max_bytes": cap}
 
     def read_function(self) -> Callable[..., Any]:
         """:meth:`read` as a coroutine function named ``read_tool``, documented for a model."""
