@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 
 import response_compaction as rc
 from response_compaction._proxy import ProxyConfig, compact_tool_result
+from tests.fake_openai import FakeOpenAI
 from tests.schemas import FALLBACK, Summary
 
 pytestmark = pytest.mark.anyio
@@ -32,18 +33,18 @@ def upstream_params() -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable, args=[str(SERVER)])
 
 
-def proxy_params(root: Path, *options: str) -> StdioServerParameters:
+def proxy_params(root: Path, *options: str, **env: str) -> StdioServerParameters:
     proxy = ["-m", "response_compaction", "proxy", "--root", str(root), *options]
     return StdioServerParameters(
         command=sys.executable,
         args=[*proxy, "--", sys.executable, str(SERVER)],
-        env={"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "")},
+        env={"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", ""), **env},
     )
 
 
 @asynccontextmanager
-async def proxied(root: Path, *options: str) -> AsyncIterator[Client]:
-    async with Client(proxy_params(root, *options)) as client:
+async def proxied(root: Path, *options: str, **env: str) -> AsyncIterator[Client]:
+    async with Client(proxy_params(root, *options, **env)) as client:
         yield client
 
 
@@ -63,33 +64,45 @@ async def read_part(client: Client, ref: str, **args: Any) -> dict[str, Any]:
 
 
 async def test_two_stdio_hops_compact_a_5mb_result(tmp_path: Path) -> None:
-    """5 MB results arrive as bounded text with a ref; read_exact reads /records/97 back.
+    """5 MB results arrive as a bounded summary with a ref; read_exact reads /records/97 back.
 
-    Also: the tools are listed as upstream lists them, plus read_exact; replies stay within
+    Also: the tools are listed as upstream lists them, plus read_exact; the model configured
+    as for ``compact`` summarizes (with the given instructions); replies stay within
     --max-bytes; 5 MB of text that is not JSON is retained as one JSON string.
     """
     async with Client(upstream_params()) as direct:
         upstream_tools = (await direct.list_tools()).tools
-    async with proxied(tmp_path, "--max-bytes", "4000") as client:
-        tools = (await client.list_tools()).tools
-        assert [t.name for t in tools] == [t.name for t in upstream_tools] + ["read_exact"]
-        for mine, theirs in zip(tools, upstream_tools, strict=False):
-            assert mine.input_schema == theirs.input_schema
-            assert mine.description == theirs.description
-        text = only_text(await client.call_tool("big_json", {}))
-        assert len(text.encode()) <= 16000
-        match = REF.search(text)
-        assert match is not None
-        part = await read_part(client, match.group(0), pointer="/records/97")
-        assert part["part"]["value"] == RECORD_97
-        whole = await client.call_tool("read_exact", {"exact_ref": match.group(0)})
-        assert len(whole.model_dump_json(by_alias=True, exclude_none=True)) <= 4000 + 200
+    options = ("--max-bytes", "4000", "--model", "fake-small", "--instructions", "INSTRUCTED")
+    with FakeOpenAI(fill_unscripted=True) as server:
+        env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test"}
+        async with proxied(tmp_path, *options, **env) as client:
+            await check_big_results(client, upstream_tools)
+        bodies = server.bodies("fake-small")
+    assert len(bodies) == 2
+    assert all("INSTRUCTED" in body["messages"][0]["content"] for body in bodies)
 
-        match = REF.search(only_text(await client.call_tool("big_text", {})))
-        assert match is not None
-        part = await read_part(client, match.group(0), max_bytes=2000)
-        assert isinstance(part["part"]["value"], str)
-        assert part["part"]["value"].startswith("line of log text\n")
+
+async def check_big_results(client: Client, upstream_tools: list[mt.Tool]) -> None:
+    tools = (await client.list_tools()).tools
+    assert [t.name for t in tools] == [t.name for t in upstream_tools] + ["read_exact"]
+    for mine, theirs in zip(tools, upstream_tools, strict=False):
+        assert mine.input_schema == theirs.input_schema
+        assert mine.description == theirs.description
+    text = only_text(await client.call_tool("big_json", {}))
+    assert len(text.encode()) <= 16000
+    assert text.startswith("kind: summarized")
+    match = REF.search(text)
+    assert match is not None
+    part = await read_part(client, match.group(0), pointer="/records/97")
+    assert part["part"]["value"] == RECORD_97
+    whole = await client.call_tool("read_exact", {"exact_ref": match.group(0)})
+    assert len(whole.model_dump_json(by_alias=True, exclude_none=True)) <= 4000 + 200
+
+    match = REF.search(only_text(await client.call_tool("big_text", {})))
+    assert match is not None
+    part = await read_part(client, match.group(0), max_bytes=2000)
+    assert isinstance(part["part"]["value"], str)
+    assert part["part"]["value"].startswith("line of log text\n")
 
 
 async def test_small_results_and_errors_pass_through_unchanged(tmp_path: Path) -> None:

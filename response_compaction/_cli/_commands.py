@@ -177,17 +177,7 @@ def _progress(label: str, show: bool) -> Iterator[None]:
 
 async def _compact(args: argparse.Namespace) -> int:
     data: bytes = args.data
-    options: dict[str, Any] = {"fallback": args.fallback, "ladder": args.ladder}
-    for key, attr in (
-        ("summarize_above_bytes", "above"),
-        ("instructions", "instructions"),
-        ("timeout_ms", "timeout_ms"),
-        ("ttl_seconds", "ttl"),
-        ("max_entries", "max_entries"),
-        ("token_bound", "token_bound"),
-    ):
-        if getattr(args, attr) is not None:
-            options[key] = getattr(args, attr)
+    options = _options(args, args.fallback)
     model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
     show = len(data) >= PROGRESS_BYTES and sys.stderr.isatty()
     async with model.catalog() as llm:
@@ -199,6 +189,22 @@ async def _compact(args: argparse.Namespace) -> int:
         note(f"no model configured, so the fallback was returned ({model.why_not})")
     _emit(compacted)
     return EXIT_OK
+
+
+def _options(args: argparse.Namespace, fallback: Any) -> dict[str, Any]:
+    """Compaction options from the flags ``compact`` and ``proxy`` share."""
+    options: dict[str, Any] = {"fallback": fallback, "ladder": args.ladder}
+    for key, attr in (
+        ("summarize_above_bytes", "above"),
+        ("instructions", "instructions"),
+        ("timeout_ms", "timeout_ms"),
+        ("ttl_seconds", "ttl"),
+        ("max_entries", "max_entries"),
+        ("token_bound", "token_bound"),
+    ):
+        if getattr(args, attr) is not None:
+            options[key] = getattr(args, attr)
+    return options
 
 
 async def _read(args: argparse.Namespace) -> int:
@@ -290,14 +296,11 @@ async def _proxy(args: argparse.Namespace) -> int:
 
     if not args.upstream:
         raise ValueError("proxy needs the upstream server's command after --: proxy -- CMD")
-    options: dict[str, Any] = {"fallback": DEFAULT_FALLBACK, "ladder": args.ladder}
-    if args.above is not None:
-        options["summarize_above_bytes"] = args.above
     model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
     async with model.catalog() as llm:
         config = ProxyConfig(
             harness=_harness(args, llm),
-            options=options,
+            options=_options(args, DEFAULT_FALLBACK),
             summary_schema=DefaultSummary,
             max_bytes=args.max_bytes,
             text_bytes=args.text_bytes,

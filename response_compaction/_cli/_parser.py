@@ -272,9 +272,11 @@ def _add_proxy(sub: _Sub, parents: list[_Parser]) -> None:
         help="compact results above this many bytes "
         f"(default: {DEFAULTS['summarize_above_bytes']})",
     )
+    proxy.add_argument("--instructions", metavar="TEXT", help="what summaries should focus on")
     proxy.add_argument(
         "--ladder", metavar="NAME", default="default", help="ladder name (default: %(default)s)"
     )
+    _add_budget_options(proxy)
     proxy.add_argument(
         "--max-bytes",
         metavar="N",
