@@ -258,3 +258,15 @@ async def test_missing_extra_is_a_clear_value_error(
         )
     with pytest.raises(ValueError, match=r"summary_schema .*response-compaction\[pydantic\]"):
         await rc.response_compact(harness, page_data(1), PageS, SummaryP, options({}))
+
+
+async def test_large_list_of_models_round_trips(harness: rc.Harness) -> None:
+    """``list[Model]`` over the worker-verify size (8 MiB) is stored, verified and read back."""
+    rows = [RowP.model_validate(row) for row in page_data(140_000)["rows"]]
+    compacted = await rc.response_compact(harness, rows, list[RowP], SummaryP, options())
+    assert compacted.receipt.exact_bytes > 8 << 20
+    found = await rc.response_compaction_read_exact(
+        harness, compacted.receipt.exact_ref, list[RowP]
+    )
+    assert isinstance(found, rc.Found)
+    assert found.value == rows
