@@ -299,9 +299,9 @@ def _fit(text: str, limit: int, *, more_after: bool = False) -> tuple[str, int]:
     Returns the string to show and how many characters of ``text`` it holds. Cutting a
     Python string never splits a character, so the UTF-8 of the result is always whole.
     """
-    if not more_after and len(_ENCODE(text)) <= limit:
+    # Each character is at least one byte of JSON, so a longer text is not encoded to find out.
+    if not more_after and len(text) <= limit and len(_ENCODE(text)) <= limit:
         return text, len(text)
-    # Each character is at least one byte of JSON: no more than ``limit`` of them can fit.
     low, high = 0, min(len(text), limit)
     while low < high:
         mid = (low + high + 1) // 2

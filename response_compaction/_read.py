@@ -6,6 +6,7 @@ they hash to the digest the reference names, and the part is cut from those byte
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import anyio.lowlevel
@@ -55,7 +56,7 @@ async def response_compaction_read_part(
         return Broken(detail=str(error))
     store = await open_store(harness.fs)
 
-    async def work(data: bytes, spans: tuple[Span, ...]) -> tuple[Node, Part]:
+    async def work(data: bytes, spans: tuple[Span, ...]) -> tuple[Node | None, Part]:
         node = await index_document(data, spans, parsed.hex, anyio.lowlevel.checkpoint)
 
         def cut() -> Part:
@@ -67,11 +68,27 @@ async def response_compaction_read_part(
         return node, (cut() if inline else await current_backend().run(cut))
 
     try:
-        result = await store.get_checked("exact", parsed.hex, work, hex_digest=parsed.hex)
+        result = await store.get_checked(
+            "exact",
+            parsed.hex,
+            work,
+            hex_digest=parsed.hex,
+            whole_work=functools.partial(
+                _part_with_node, pointer=pointer, start=start, stop=stop, max_bytes=max_bytes
+            ),
+        )
     except msgspec.DecodeError as exc:
         return Broken(detail=f"exact entry does not verify: not JSON ({exc})")
     if isinstance(result, Missing | Broken):
         return result
     node, part = result
-    remember(parsed.hex, node)
+    if node is not None:
+        remember(parsed.hex, node)  # only now: the bytes it was learned from verified
     return Found(value=part)
+
+
+def _part_with_node(
+    data: bytes, *, pointer: str, start: int | None, stop: int | None, max_bytes: int
+) -> tuple[Node | None, Part]:
+    """For a worker process: the part, and no node (a node holds the whole document)."""
+    return None, part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)

@@ -82,7 +82,8 @@ def read_result_as_dict(result: Found[Any] | Missing | Broken) -> dict[str, Any]
 
 def part_header(part: Part) -> str:
     """One line that tells a model what the part is and how to read on."""
-    words = [f"found pointer={part.pointer!r} total_bytes={part.total_bytes}"]
+    pointer = msgspec.json.encode(part.pointer).decode()
+    words = [f"found pointer={pointer} total_bytes={part.total_bytes}"]
     if part.total_items is not msgspec.UNSET:
         words.append(f"total_items={part.total_items}")
     if part.start is not msgspec.UNSET:
@@ -124,7 +125,11 @@ def add_read_exact_tool(
         stop: int | None = None,
         max_bytes: int | None = None,
     ) -> Any:
-        limit = part_cap if max_bytes is None else min(max_bytes, part_cap)
+        # The pointer is echoed twice (header and structured content), the part's JSON too.
+        room = part_cap - len(msgspec.json.encode(pointer)) if isinstance(pointer, str) else 0
+        limit = room if max_bytes is None else min(max_bytes, room)
+        if room < MIN_MAX_BYTES:
+            return _error(types, "pointer is too long for this server's reply cap")
         try:
             if exact_schema is not Any:
                 checked = await response_compaction_read_exact(harness, exact_ref, exact_schema)
@@ -134,9 +139,7 @@ def add_read_exact_tool(
                 harness, exact_ref, pointer=pointer, start=start, stop=stop, max_bytes=limit
             )
         except (ValueError, LookupError) as exc:
-            return types.CallToolResult(
-                content=[types.TextContent(type="text", text=f"error: {exc}")], is_error=True
-            )
+            return _error(types, str(exc))
         return _reply(types, result)
 
     # The SDK passes a CallToolResult through as it is (no schema, no pretty-printed copy).
@@ -148,6 +151,12 @@ def add_read_exact_tool(
         annotations=types.ToolAnnotations(
             title="Read an exact value", readOnlyHint=True, openWorldHint=False
         ),
+    )
+
+
+def _error(types: Any, message: str) -> Any:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=f"error: {message}")], is_error=True
     )
 
 

@@ -120,3 +120,19 @@ async def test_paging_a_large_struct_entry(harness: rc.Harness) -> None:
         seen.extend(result.value.value)
         start = result.value.next_start
     assert seen == msgspec.to_builtins(value.rows)
+
+
+async def test_the_loop_gets_a_turn_after_every_slice() -> None:
+    """Counting a large array's items awaits the checkpoint once per slice, never less."""
+    data, spans = encoded(big_exact(2000), piece_bytes=4000)
+    turns = 0
+
+    async def checkpoint() -> None:
+        nonlocal turns
+        turns += 1
+        await anyio.lowlevel.checkpoint()
+
+    node = await index_document(data, spans, "turns", checkpoint)
+    assert isinstance(node, RootObject)
+    assert turns == len(spans[0].slices) > 10
+    assert max(b - a for a, b in spans[0].slices) < 3 * 4000

@@ -12,6 +12,9 @@ import pytest
 
 import response_compaction as rc
 import response_compaction.sync as rc_sync
+from response_compaction._part import part_of
+from tests._store_support import FaultyBackend, with_backend
+from tests.conftest import FakeClock
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
@@ -247,3 +250,60 @@ async def test_rewritten_row_cannot_vouch_for_rewritten_bytes(
     result = await rc.response_compaction_read_part(harness, ref, pointer="/flag")
     assert isinstance(result, rc.Broken)
     assert "does not verify" in result.detail
+
+
+async def test_tampered_bytes_read_broken_even_when_the_pointer_fails(
+    harness: rc.Harness, tmp_path: Path
+) -> None:
+    """A pointer that names nothing in tampered bytes is Broken, not a LookupError."""
+    ref = await store(harness, DOC)
+    hex_digest = ref.removeprefix("rc1:")
+    path = tmp_path / "ws" / "response-compaction-v1" / "exact" / hex_digest[:2] / hex_digest
+    path.write_bytes(path.read_bytes().replace(b'"flag"', b'"flah"'))
+    result = await rc.response_compaction_read_part(harness, ref, pointer="/flag")
+    assert isinstance(result, rc.Broken)
+    with pytest.raises(LookupError):
+        await rc.response_compaction_read_part(harness, await store(harness, DOC), pointer="/no")
+
+
+async def test_expired_entry_reads_missing(harness: rc.Harness, clock: FakeClock) -> None:
+    """Past its TTL an entry reads Missing through read_part, as through read_exact."""
+    compacted = await rc.response_compact(harness, DOC, Any, Summary, OPTIONS | {"ttl_seconds": 5})
+    ref = compacted.receipt.exact_ref
+    assert isinstance(await rc.response_compaction_read_part(harness, ref), rc.Found)
+    clock.advance(6)
+    assert await rc.response_compaction_read_part(harness, ref) == rc.Missing()
+    assert await rc.response_compaction_read_exact(harness, ref, Any) == rc.Missing()
+
+
+@pytest.mark.slow
+async def test_large_entry_without_layout_is_cut_in_a_worker_process(
+    harness: rc.Harness, tmp_path: Path
+) -> None:
+    """Over 8 MiB with no layout (a plain dict), the part comes from a worker process,
+    verified there: the same part, LookupError for nothing, Broken for tampered bytes."""
+    rows = [{"id": i, "name": "n" * 40, "tags": ["a", "b"]} for i in range(150_000)]
+    value = {"rows": rows, "total": len(rows)}
+    ref = await store(harness, value)
+    data = msgspec.json.encode(value, order="sorted")
+    assert len(data) > 8 << 20
+    opened: list[str] = []
+
+    async def before_open(mode: str) -> None:
+        opened.append(mode)
+
+    watched = with_backend(harness, FaultyBackend(before_open=before_open))
+    got = await part(watched, ref, pointer="/rows", start=149_990, max_bytes=4096)
+    assert "rb" not in opened  # this process never read the entry: a worker did
+    assert got == rc.Part(
+        **msgspec.structs.asdict(part_of(data, "/rows", start=149_990, max_bytes=4096))
+    )
+    assert got.value == rows[149_990:]
+    with pytest.raises(LookupError):
+        await rc.response_compaction_read_part(harness, ref, pointer="/rows/150000")
+    hex_digest = ref.removeprefix("rc1:")
+    path = tmp_path / "ws" / "response-compaction-v1" / "exact" / hex_digest[:2] / hex_digest
+    path.write_bytes(path.read_bytes().replace(b'"total":150000', b'"total":150001'))
+    broken = await rc.response_compaction_read_part(harness, ref, pointer="/total")
+    assert isinstance(broken, rc.Broken)
+    assert "does not verify" in broken.detail

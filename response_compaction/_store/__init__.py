@@ -44,6 +44,7 @@ from .._slices import decode_layout, encode_layout
 from . import _index
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
 from ._index import Index, Row
+from ._partial import in_worker_process, overlap_check
 from ._paths import (
     KINDS,
     ROOT_NAME,
@@ -59,8 +60,8 @@ from ._paths import (
     unlink_quietly,
 )
 from ._verify import (
+    PROCESS_VERIFY_BYTES,
     EntryReport,
-    check_bytes,
     check_entry,
     checked_value,
     read_all,
@@ -243,47 +244,39 @@ class Store:
         work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
         *,
         hex_digest: str,
+        whole_work: Callable[[bytes], T] | None = None,
     ) -> T | Missing | Broken:
-        """Run ``work`` on one entry's bytes while they are digest-checked; a read is a use.
+        """``work(bytes, layout hint)`` on one entry, returned only if the bytes verify.
 
-        For readers that look at part of a large entry without decoding all of it. The
-        bytes must hash to ``hex_digest``, which the caller takes from its reference, never
-        from the index (a rewritten row cannot vouch for rewritten bytes). The digest is
-        checked in a worker thread (hashlib lets go of the GIL) while ``work`` runs on the
-        event loop with the bytes and the stored layout hint, so the two overlap. ``work``'s
-        result is returned only when the bytes verify; when they do not, the answer is
-        ``Broken`` whatever ``work`` did, and ``work``'s exception, if any, is raised only for
-        bytes that verified.
+        For readers that look at part of a large entry without decoding all of it. The bytes
+        must hash to ``hex_digest``, which the caller takes from its reference, never from
+        the index (a rewritten row cannot vouch for rewritten bytes); the check overlaps the
+        work. An entry of at least 8 MiB without a layout hint is handed to ``whole_work``
+        (picklable) in a worker process instead, when one is given. A read is a use.
         """
         async with self._using_index() as index:
             row = await self._backend.run(index.lookup, kind, key)
             now = self.clock()
             if row is None or row.expires_at <= now:
                 return Missing()
+            spans = decode_layout(row.layout)
+            result: T | Missing | Broken | ValueError | None = None
             with map_errors(f"could not read the {kind} entry"):
-                data = await self._read_entry(kind, key)
-            if isinstance(data, (Missing, Broken)):
-                return data
-            problem: list[ValueError] = []
-
-            async def check() -> None:
-                try:
-                    await self._backend.run(check_bytes, data, hex_digest, row.size)
-                except ValueError as exc:
-                    problem.append(exc)
-
-            failure: Exception | None = None
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(check)
-                try:
-                    result = await work(data, decode_layout(row.layout))
-                except Exception as exc:  # re-raised below once the bytes verify
-                    failure = exc
-            if problem:
-                return Broken(detail=f"{kind} entry does not verify: {problem[0]}")
-            if failure is not None:
-                raise failure
-            await self._backend.run(index.touch, kind, key, now)
+                if whole_work is not None and not spans and row.size >= PROCESS_VERIFY_BYTES:
+                    result = await in_worker_process(
+                        self.root, kind, key, hex_digest, row.size, whole_work
+                    )
+                if result is None:
+                    data = await self._read_entry(kind, key)
+                    if isinstance(data, (Missing, Broken)):
+                        return data
+                    result = await overlap_check(
+                        self._backend, data, hex_digest, row.size, spans, work
+                    )
+            if isinstance(result, ValueError):
+                return Broken(detail=f"{kind} entry does not verify: {result}")
+            if not isinstance(result, (Missing, Broken)):
+                await self._backend.run(index.touch, kind, key, now)
         return result
 
     async def _read_entry(self, kind: Kind, key: str) -> bytes | Missing | Broken:
