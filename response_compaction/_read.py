@@ -19,6 +19,7 @@ from ._part_index import Node, index_document, remember
 from ._refs import MalformedRefError, parse_exact_ref
 from ._store import open_store
 from ._store._fileio import current_backend
+from ._store._partial import get_checked
 
 __all__ = ["response_compaction_read_part"]
 
@@ -68,11 +69,11 @@ async def response_compaction_read_part(
         return node, (cut() if inline else await current_backend().run(cut))
 
     try:
-        result = await store.get_checked(
+        result = await get_checked(
+            store,
             "exact",
             parsed.hex,
             work,
-            hex_digest=parsed.hex,
             whole_work=functools.partial(
                 _part_with_node, pointer=pointer, start=start, stop=stop, max_bytes=max_bytes
             ),

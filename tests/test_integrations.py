@@ -21,6 +21,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction.integrations import Compactor
+from tests._store_support import entry_files, store_root
 
 pytestmark = pytest.mark.anyio
 
@@ -289,7 +290,7 @@ async def test_langchain_middleware_passes_small_results(compactor: Compactor) -
     )
     with pytest.raises(AssertionError, match="just this"):
         await agent.ainvoke({"messages": [{"role": "user", "content": "hi"}]})
-    assert not (Path(compactor.harness.fs.workspace_temp_dir()) / "response-compaction-v1").exists()
+    assert entry_files(store_root(compactor.harness.fs)) == set()
 
 
 # --------------------------------------------------------------------------- shared core

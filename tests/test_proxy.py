@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 
 import response_compaction as rc
 from response_compaction._proxy import ProxyConfig, compact_tool_result
+from tests._store_support import entry_files, store_root
 from tests.fake_openai import FakeOpenAI
 from tests.schemas import FALLBACK, Summary
 
@@ -118,7 +119,7 @@ async def test_small_results_and_errors_pass_through_unchanged(tmp_path: Path) -
         assert mine.is_error == theirs.is_error
         assert mine.content == theirs.content
     assert (raised.value.code, raised.value.message) == (-32042, "upstream protocol error")
-    assert not (tmp_path / "response-compaction-v1").exists()
+    assert entry_files(store_root(tmp_path)) == set()
 
 
 # --------------------------------------------------------------------------- in-process

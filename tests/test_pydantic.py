@@ -7,7 +7,6 @@ import datetime as dt
 import math
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import msgspec
@@ -18,6 +17,7 @@ from pydantic import BaseModel, Field
 import response_compaction as rc
 from response_compaction._canonical import canonical_bytes
 from response_compaction._schema import strict_json_schema
+from tests._store_support import entry_files, store_root
 from tests.fake_openai import FakeOpenAI, fake_openai, summary_reply
 
 pytestmark = pytest.mark.anyio
@@ -142,7 +142,7 @@ async def test_invalid_value_names_the_path_not_the_content(harness: rc.Harness)
     with pytest.raises(ValueError, match=r"\$\.rows\[0\]\.id") as info:
         await rc.response_compact(harness, data, PageP, SummaryP, options())
     assert "SECRET" not in str(info.value)
-    assert not (Path(harness.fs.workspace_temp_dir()) / "response-compaction-v1").exists()
+    assert entry_files(store_root(harness.fs)) == set()
 
 
 async def test_nan_in_a_model_is_refused(harness: rc.Harness) -> None:
@@ -201,7 +201,7 @@ async def test_strict_mode_is_checked_without_a_model(harness: rc.Harness, schem
     fallback: Any = {"overview": "x", "counts": {}} if schema is LooseSummaryP else {}
     with pytest.raises(rc.SchemaError):
         await rc.response_compact(harness, page_data(1), PageP, schema, options(fallback))
-    assert not (Path(harness.fs.workspace_temp_dir()) / "response-compaction-v1").exists()
+    assert entry_files(store_root(harness.fs)) == set()
 
 
 async def test_unknown_ladder_is_refused_for_small_responses_too(

@@ -1,6 +1,8 @@
 """Work on an entry's bytes while they are verified: for readers of a part of a large entry.
 
-Two ways, one rule (a result leaves only when the bytes hash to the caller's digest):
+:func:`get_checked` is the entry point, a reader's twin of :meth:`Store.get`. Two ways, one
+rule (a result leaves only when the bytes are what the key names: for an exact entry, what
+the reference names):
 
 - :func:`overlap_check`: the bytes are in this process; the digest is checked in a worker
   thread (hashlib lets go of the GIL) while the work runs on the event loop.
@@ -18,27 +20,76 @@ import gc
 import os
 import pickle
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_process
 
 from .._canonical import Span
+from .._errors import map_errors
 from .._models import Broken, Missing
+from .._slices import decode_layout
 from ._fileio import FileBackend
+from ._index import CorruptRowError
 from ._paths import Kind, NotRegularFileError, open_fanout, regular_opener
-from ._verify import check_bytes
+from ._verify import PROCESS_VERIFY_BYTES, check_trusted
 
-__all__ = ["in_worker_process", "overlap_check"]
+if TYPE_CHECKING:
+    from . import Store
+
+__all__ = ["get_checked", "in_worker_process", "overlap_check"]
 
 T = TypeVar("T")
+Check = Callable[[bytes], None]
+
+
+async def get_checked(
+    store: Store,
+    kind: Kind,
+    key: str,
+    work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
+    whole_work: Callable[[bytes], T] | None,
+) -> T | Missing | Broken:
+    """``work(bytes, layout hint)`` on one entry, its result only for bytes that verify.
+
+    The check (against the reference, as :meth:`Store.get`) overlaps the work. An entry of
+    8 MiB or more without a layout goes to ``whole_work(bytes)`` (picklable) in a worker
+    process instead. A read is a use. Part of the store package: it uses the store's privates.
+    """
+    async with store._using_index() as index:
+        try:
+            row = await store._patiently(index.lookup, kind, key)
+        except CorruptRowError:
+            return Broken(detail=f"{kind} entry's index row is corrupt")
+        now = store.clock()
+        if row is None or row.expires_at <= now:
+            return Missing()
+        spans = decode_layout(row.layout)
+        # The reference (or, for a summary, the sealed row) is the only digest trusted.
+        check = partial(check_trusted, kind=kind, key=key, recorded=row.digest, secret=store._key)
+        backend = store._backend
+        result: T | Missing | Broken | ValueError | None = None
+        with map_errors(f"could not read the {kind} entry"):
+            if whole_work is not None and not spans and row.size >= PROCESS_VERIFY_BYTES:
+                result = await in_worker_process(store.root, kind, key, check, whole_work)
+            if result is None:
+                data = await store._read_entry(kind, key)
+                if isinstance(data, (Missing, Broken)):
+                    return data
+                result = await overlap_check(backend, data, check, spans, work)
+        if isinstance(result, ValueError):
+            return Broken(detail=f"{kind} entry does not verify: {result}")
+        if not isinstance(result, (Missing, Broken)):
+            # Best-effort, like any read: a held lock must not turn a found part into an error.
+            await backend.run(index.record_use, kind, key, now)
+    return result
 
 
 async def overlap_check(
     backend: FileBackend,
     data: bytes,
-    hex_digest: str,
-    size: int,
+    check: Check,
     spans: tuple[Span, ...],
     work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
 ) -> T | ValueError:
@@ -48,15 +99,15 @@ async def overlap_check(
     """
     problem: list[ValueError] = []
 
-    async def check() -> None:
+    async def checking() -> None:
         try:
-            await backend.run(check_bytes, data, hex_digest, size)
+            await backend.run(check, data)
         except ValueError as exc:
             problem.append(exc)
 
     failure: Exception | None = None
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(check)
+        tasks.start_soon(checking)
         try:
             result = await work(data, spans)
         except Exception as exc:  # re-raised below once the bytes verify
@@ -69,16 +120,16 @@ async def overlap_check(
 
 
 async def in_worker_process(
-    root: str, kind: Kind, key: str, hex_digest: str, size: int, work: Callable[[bytes], T]
+    root: str, kind: Kind, key: str, check: Check, work: Callable[[bytes], T]
 ) -> T | Missing | Broken | None:
     """``work(bytes)`` in a worker process, returned only for bytes that verify.
 
-    ``work`` must pickle (a module-level function, or a ``functools.partial`` of one). None
+    ``check`` and ``work`` must pickle (module-level functions or ``partial`` of them). None
     when no worker could do it (the caller then does the work here).
     """
     try:
         outcome = await anyio.to_process.run_sync(
-            _on_entry, root, kind, key, hex_digest, size, work, cancellable=True
+            _on_entry, root, kind, key, check, work, cancellable=True
         )
     except (anyio.BrokenWorkerProcess, ImportError, AttributeError, pickle.PickleError):
         return None
@@ -96,7 +147,7 @@ async def in_worker_process(
 
 
 def _on_entry(
-    root: str, kind: Kind, key: str, hex_digest: str, size: int, work: Callable[[bytes], Any]
+    root: str, kind: Kind, key: str, check: Check, work: Callable[[bytes], Any]
 ) -> tuple[str, Any]:
     """In the worker: what happened, as plain data the parent can unpickle.
 
@@ -123,7 +174,7 @@ def _on_entry(
     gc.disable()  # this process is ours; nothing it builds here holds a cycle
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            checked = pool.submit(check_bytes, data, hex_digest, size)
+            checked = pool.submit(check, data)
             try:
                 result: tuple[str, Any] = ("ok", work(data))
             except Exception as exc:  # sent back, raised there once the bytes verify
