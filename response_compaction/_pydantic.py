@@ -82,13 +82,60 @@ def _adapter(schema: Any) -> Any:
     return pydantic.TypeAdapter(schema)
 
 
-def _describe(exc: Any) -> str:
-    """``msg - at `$.a[0].b``` for the first error (and how many more), without the input."""
+# Error types whose pydantic message is a template filled from the schema, a type name or a
+# count, never from the input. Anything else (a custom validator's "Value error, ...", a union
+# tag quoted from the input) is reduced to its type.
+_SAFE_TYPES = frozenset(
+    {
+        "missing", "extra_forbidden", "none_required", "json_invalid", "json_type",
+        "int_type", "int_parsing", "int_from_float", "float_type", "float_parsing",
+        "finite_number", "bool_type", "bool_parsing", "string_type", "bytes_type",
+        "list_type", "tuple_type", "set_type", "dict_type", "model_type", "dataclass_type",
+        "model_attributes_type", "greater_than", "greater_than_equal", "less_than",
+        "less_than_equal", "multiple_of", "string_too_short", "string_too_long", "too_short",
+        "too_long", "string_pattern_mismatch", "literal_error", "enum", "datetime_type",
+        "datetime_parsing", "date_type", "date_parsing", "time_type", "time_parsing",
+        "uuid_type", "uuid_parsing", "decimal_type", "decimal_parsing", "url_type",
+        "url_parsing", "timezone_aware", "timezone_naive",
+    }
+)  # fmt: skip
+
+
+def _describe(exc: Any, schema: Any) -> str:
+    """``msg - at `$.a[0].b``` for the first error (and how many more), without the input.
+
+    Path steps that are not names from the schema (dict keys from the document) are ``[...]``.
+    """
     errors = exc.errors(include_input=False, include_url=False, include_context=False)
     first = errors[0]
-    path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+    names = _field_names(schema)
+    path = "$" + "".join(
+        f"[{p}]" if isinstance(p, int) else f".{p}" if p in names else "[...]" for p in first["loc"]
+    )
+    message = first["msg"] if first["type"] in _SAFE_TYPES else f"invalid ({first['type']})"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{first['msg']} - at `{path}`{more}"
+    return f"{message} - at `{path}`{more}"
+
+
+@functools.lru_cache(maxsize=256)
+def _field_names(schema: Any) -> frozenset[str]:
+    """Every property name in the schema's JSON schemas, by alias and by name."""
+    names: set[str] = set()
+    for by_alias in (True, False):
+        try:
+            stack: list[Any] = [_adapter(schema).json_schema(by_alias=by_alias)]
+        except Exception:  # noqa: S112 - a schema pydantic cannot render has no names to show
+            continue
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                properties = node.get("properties")
+                if isinstance(properties, dict):
+                    names.update(properties)
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+    return frozenset(names)
 
 
 def pydantic_exact_value(response: Any, schema: Any) -> Any:
@@ -103,7 +150,7 @@ def pydantic_exact_value(response: Any, schema: Any) -> Any:
             value = adapter.validate_python(response)
     except pydantic.ValidationError as exc:
         raise ValueError(
-            f"exact_response does not validate against exact_schema: {_describe(exc)}"
+            f"exact_response does not validate against exact_schema: {_describe(exc, schema)}"
         ) from None
     return _plain(adapter.dump_python(value, by_alias=True))
 
@@ -115,7 +162,7 @@ def pydantic_decode(data: bytes | memoryview | str, schema: Any) -> Any:
     try:
         return _adapter(schema).validate_json(bytes(data) if isinstance(data, memoryview) else data)
     except pydantic.ValidationError as exc:
-        raise ValueError(_describe(exc)) from None
+        raise ValueError(_describe(exc, schema)) from None
 
 
 def pydantic_plain(value: Any) -> Any:
@@ -165,4 +212,6 @@ def resolve_pydantic_fallback(options: Any, summary_schema: Any) -> tuple[Any, A
     try:
         return rest, _adapter(summary_schema).validate_python(fallback)
     except pydantic.ValidationError as exc:
-        raise ValueError(f"invalid compaction options: fallback: {_describe(exc)}") from None
+        raise ValueError(
+            f"invalid compaction options: fallback: {_describe(exc, summary_schema)}"
+        ) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import re
 import sys
 from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
@@ -12,7 +13,7 @@ from typing import Annotated, Any, TypedDict
 import msgspec
 import openai
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 import response_compaction as rc
 from response_compaction._canonical import canonical_bytes
@@ -143,6 +144,38 @@ async def test_invalid_value_names_the_path_not_the_content(harness: rc.Harness)
         await rc.response_compact(harness, data, PageP, SummaryP, options())
     assert "SECRET" not in str(info.value)
     assert entry_files(store_root(harness.fs)) == set()
+
+
+class Strict(BaseModel, extra="forbid"):
+    tags: dict[str, int]
+    code: str
+
+    @field_validator("code")
+    @classmethod
+    def known(cls, value: str) -> str:
+        if value != "ok":
+            raise ValueError(f"unknown code {value}")  # quotes the input, as validators do
+        return value
+
+
+@pytest.mark.parametrize(
+    ("data", "where", "what"),
+    [
+        ({"tags": {"alice@example.com": "SECRET"}, "code": "ok"}, "$.tags[...]", "valid integer"),
+        ({"tags": {}, "code": "SECRET"}, "$.code", "invalid (value_error)"),
+        ({"tags": {}, "code": "ok", "SECRET": 1}, "$[...]", "Extra inputs"),
+    ],
+)
+async def test_pydantic_errors_quote_no_value_or_key(
+    harness: rc.Harness, data: dict[str, Any], where: str, what: str
+) -> None:
+    """Custom validators, dict keys and extra keys from the document never reach the message."""
+    with pytest.raises(ValueError, match=re.escape(f"{what}")) as info:
+        await rc.response_compact(harness, data, Strict, SummaryP, options())
+    message = str(info.value)
+    assert f"at `{where}`" in message
+    assert "SECRET" not in message
+    assert "alice" not in message
 
 
 async def test_nan_in_a_model_is_refused(harness: rc.Harness) -> None:
