@@ -25,9 +25,9 @@ from ._models import Missing as Missing
 from ._models import Receipt as Receipt
 from ._models import SummarizedOutput as SummarizedOutput
 from ._openai import OpenAICatalog as OpenAICatalog
-from ._summarize import RungReply as RungReply
-from ._summarize import SummaryModel as SummaryModel
-from ._summarize import SummaryRequest as SummaryRequest
+from ._prompt import SummaryRequest as SummaryRequest
+from ._summary import RungReply as RungReply
+from ._summary import SummaryModel as SummaryModel
 
 __all__ = (
     "Attempt",

@@ -7,7 +7,7 @@ delegate to them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from msgspec import UNSET, UnsetType
@@ -24,10 +24,11 @@ from ._models import (
     SummarizedOutput,
 )
 from ._options import resolve_options
+from ._prompt import Head
 from ._refs import exact_ref_for, parse_exact_ref
 from ._schema import strict_json_schema
 from ._store import open_store
-from ._summarize import SummaryOutcome, summarize
+from ._summary import SummaryOutcome, summarize
 
 __all__ = ["response_compact", "response_compaction_read_exact"]
 
@@ -64,7 +65,7 @@ async def response_compact(
         json_schema = strict_json_schema(summary_schema)
     value = to_exact_value(exact_response, exact_schema)
     store = await open_store(harness.fs)
-    head = _Head(opts.shown_bytes)
+    head = Head(opts.shown_bytes)
     layout: list[Span] = []
     stored = await store.put(
         "exact",
@@ -138,43 +139,6 @@ async def response_compaction_read_exact(
         return Broken(detail=parsed)
     store = await open_store(harness.fs)
     return await store.get("exact", parsed.hex, exact_schema)
-
-
-class _Head:
-    """Keeps the first ``limit`` bytes of a stream of pieces: what the model may be shown."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._parts: list[bytes] = []
-        self._size = 0
-
-    def watch(self, pieces: Iterable[bytes | memoryview]) -> Iterator[bytes | memoryview]:
-        for piece in pieces:
-            if self._size < self._limit:
-                part = bytes(piece[: self._limit - self._size])
-                self._parts.append(part)
-                self._size += len(part)
-            yield piece
-
-    def data(self) -> bytes:
-        """The kept bytes, cut back to whole UTF-8 characters (the receipt counts these)."""
-        if len(self._parts) != 1:
-            self._parts = [b"".join(self._parts)]
-        if self._size >= self._limit:  # a cut: it may have landed inside a character
-            self._parts = [_whole_characters(self._parts[0])]
-        return self._parts[0]
-
-
-def _whole_characters(data: bytes) -> bytes:
-    """``data`` without a UTF-8 character cut in half at its end."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte < 0x80:  # ASCII: the last character is whole
-            return data
-        if byte >= 0xC0:  # the lead byte of the last character: is all of it here?
-            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            return data if back >= length else data[:-back]
-    return data
 
 
 def _summary_facts(outcome: SummaryOutcome) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET, UnsetType
 
-from ._summarize import RungReply, SummaryRequest
+from ._prompt import SummaryRequest
+from ._summary import RungReply
 
 if TYPE_CHECKING:
     import openai

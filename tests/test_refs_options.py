@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 import response_compaction as rc
 from response_compaction._options import resolve_options
+from response_compaction._prompt import summary_key
 from response_compaction._refs import (
     ParsedRef,
     exact_ref_for,
     hex_of_digest,
     parse_exact_ref,
-    summary_key,
 )
 from tests._store_support import HYPOTHESIS, compact, snapshot, store_root
 from tests.schemas import FALLBACK, Exact, Row, Summary

@@ -24,7 +24,7 @@ from msgspec import UNSET
 
 import response_compaction as rc
 from response_compaction._canonical import canonical_bytes
-from response_compaction._compact import _Head
+from response_compaction._prompt import Head as _Head
 from response_compaction._schema import strict_json_schema
 from response_compaction._store import Store
 from tests.fake_openai import (

@@ -1,11 +1,8 @@
-"""The summary step: prompt, ladder, budget, cache, single flight.
+"""The summary step: ladder, budget, single flight, summary cache.
 
 The model side is a small protocol (:class:`SummaryModel`) so any provider can plug in;
-``_openai.py`` is the only module that imports openai. What the model is shown is bounded:
-the first ``shown_bytes`` of the canonical exact JSON (cut back to a UTF-8 boundary), and when
-that is not all of it the prompt says so and marks the cut with a line
-``[truncated: showing the first N of M bytes]``. The bound is part of the cache identity and
-the receipt's ``shown_bytes`` says how many bytes went in.
+``_openai.py`` is the only module that imports openai. What the model is shown is decided in
+``_prompt.py``.
 """
 
 from __future__ import annotations
@@ -24,34 +21,10 @@ from msgspec import UNSET, UnsetType
 from ._canonical import canonical_bytes, digest_of
 from ._errors import StoreError
 from ._models import Attempt, AttemptOutcome, CompactionOptions, FallbackReason, Found
-from ._refs import summary_key
-from ._schema import schema_name
+from ._prompt import SummaryRequest, build_request, summary_key
 from ._store import Store
 
-__all__ = [
-    "RungReply",
-    "SummaryModel",
-    "SummaryOutcome",
-    "SummaryRequest",
-    "build_request",
-    "summarize",
-]
-
-_SYSTEM = (
-    "You summarize a JSON document for an AI agent that cannot read all of it. Reply with one "
-    "JSON object that matches the response schema exactly, and nothing else. Never invent "
-    "facts that are not in the document."
-)
-
-
-class SummaryRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """One structured completion to ask of one route."""
-
-    system: str
-    user: str
-    schema_name: str
-    json_schema: dict[str, Any]
-    max_output_tokens: int
+__all__ = ["RungReply", "SummaryModel", "SummaryOutcome", "summarize"]
 
 
 class RungReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,37 +61,6 @@ class SummaryOutcome:
     reason: FallbackReason | UnsetType = UNSET
     digest: str | UnsetType = UNSET
     size: int | UnsetType = UNSET
-
-
-def build_request(
-    *,
-    shown: bytes,
-    total_bytes: int,
-    json_schema: dict[str, Any],
-    summary_schema: Any,
-    instructions: str,
-    token_bound: int,
-) -> SummaryRequest:
-    """The prompt for a document of ``total_bytes`` of which ``shown`` is the start."""
-    text = shown.decode("utf-8", "ignore")  # drops a character cut in half at the end
-    if len(shown) < total_bytes:
-        head = (
-            f"The document is {total_bytes} bytes of JSON; only its first {len(shown)} bytes "
-            "are shown, so it ends mid-value. Say in your summary that it was cut."
-        )
-        text += f"\n[truncated: showing the first {len(shown)} of {total_bytes} bytes]"
-    else:
-        head = f"The document is {total_bytes} bytes of JSON, shown in full."
-    system = _SYSTEM
-    if instructions:
-        system += "\n\nInstructions from the caller:\n" + instructions
-    return SummaryRequest(
-        system=system,
-        user=f"{head}\n\n{text}",
-        schema_name=schema_name(summary_schema),
-        json_schema=json_schema,
-        max_output_tokens=token_bound,
-    )
 
 
 @dataclass(frozen=True, slots=True)
