@@ -14,6 +14,8 @@ from ._errors import StoreError as StoreError
 from ._errors import UnsafeStoreError as UnsafeStoreError
 from ._harness import Harness as Harness
 from ._harness import LocalWorkspace as LocalWorkspace
+from ._ladder import RungReply as RungReply
+from ._ladder import SummaryModel as SummaryModel
 from ._models import Attempt as Attempt
 from ._models import Broken as Broken
 from ._models import Compacted as Compacted
@@ -26,8 +28,6 @@ from ._models import Receipt as Receipt
 from ._models import SummarizedOutput as SummarizedOutput
 from ._openai import OpenAICatalog as OpenAICatalog
 from ._prompt import SummaryRequest as SummaryRequest
-from ._summary import RungReply as RungReply
-from ._summary import SummaryModel as SummaryModel
 
 __all__ = (
     "Attempt",

@@ -13,6 +13,7 @@ from typing import Any
 from msgspec import UNSET, UnsetType
 
 from ._canonical import DIGEST_PREFIX, Span, iter_canonical, to_exact_value
+from ._ladder import Source
 from ._models import (
     Broken,
     Compacted,
@@ -28,9 +29,11 @@ from ._prompt import Head
 from ._refs import exact_ref_for, parse_exact_ref
 from ._schema import strict_json_schema
 from ._store import open_store
-from ._summary import SummaryOutcome, summarize
+from ._summary import SummaryOutcome, fallback_value, summarize
 
 __all__ = ["response_compact", "response_compaction_read_exact"]
+
+_WHOLE = 1 << 62
 
 
 async def response_compact(
@@ -65,7 +68,10 @@ async def response_compact(
         json_schema = strict_json_schema(summary_schema)
     value = to_exact_value(exact_response, exact_schema)
     store = await open_store(harness.fs)
-    head = Head(opts.shown_bytes)
+    # The summary step may show any part of the value (and grounding and a fallback function
+    # read all of it); only a plain head coverage needs no more than its first bytes.
+    whole = opts.coverage != "head" or bool(opts.grounded) or callable(opts.fallback)
+    head = Head(_WHOLE if whole else opts.shown_bytes)
     layout: list[Span] = []
     stored = await store.put(
         "exact",
@@ -89,9 +95,11 @@ async def response_compact(
             output=ExactOutput(value=stored.value),
             receipt=Receipt(**facts, summary_cache="not_needed", elapsed_ms=_ms(started)),
         )
+    source = Source(data=head.data(), layout=layout, total=stored.size)
     if llm is None:
+        fallback = await fallback_value(opts, summary_schema, source, None)
         return Compacted(
-            output=FallbackOutput(value=opts.fallback),
+            output=FallbackOutput(value=fallback),
             receipt=Receipt(
                 **facts, summary_cache="none", fallback_reason="no_llm", elapsed_ms=_ms(started)
             ),
@@ -104,11 +112,10 @@ async def response_compact(
         summary_schema=summary_schema,
         options=opts,
         exact_digest=digest,
-        exact_bytes=stored.size,
-        shown=head.data(),
+        source=source,
     )
     output: SummarizedOutput[Any] | FallbackOutput[Any] = (
-        FallbackOutput(value=opts.fallback)
+        FallbackOutput(value=await fallback_value(opts, summary_schema, source, outcome.profile))
         if outcome.value is None
         else SummarizedOutput(value=outcome.value)
     )
@@ -118,7 +125,8 @@ async def response_compact(
             **facts,
             **_summary_facts(outcome),
             ladder=opts.ladder,
-            shown_bytes=min(stored.size, len(head.data())),
+            shown_bytes=outcome.shown,
+            covered_bytes=outcome.covered,
             elapsed_ms=_ms(started),
         ),
     )

@@ -17,10 +17,22 @@ import msgspec
 
 from ._schema import schema_name
 
-__all__ = ["PROMPT_VERSION", "Head", "SummaryRequest", "build_request", "summary_key"]
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "DEFAULT_CONTEXT_TOKENS",
+    "PROMPT_VERSION",
+    "Head",
+    "SummaryRequest",
+    "build_request",
+    "head_text",
+    "prompt_bytes",
+    "request_for",
+    "summary_key",
+    "system_prompt",
+]
 
 #: Bumped whenever the prompt wording or layout changes what the model is shown.
-PROMPT_VERSION = 1
+PROMPT_VERSION = 2
 _ENCODER = msgspec.json.Encoder(order="sorted")
 
 _SYSTEM = (
@@ -28,6 +40,17 @@ _SYSTEM = (
     "JSON object that matches the response schema exactly, and nothing else. Never invent "
     "facts that are not in the document."
 )
+#: Measured on SmolLM2's tokenizer (llama.cpp): about 3.2 bytes of canonical JSON per token.
+#: English prose runs nearer 4, so budgeting the whole prompt at 3.2 errs on the safe side.
+BYTES_PER_TOKEN = 3.2
+#: What a route is assumed to hold when the catalog does not say: an 8K model, the cheap
+#: rung a ladder usually starts with.
+DEFAULT_CONTEXT_TOKENS = 8192
+#: Tokens kept free for the chat template, the schema a server may put into the prompt, and
+#: the tokenizer disagreeing with BYTES_PER_TOKEN.
+RESERVE_TOKENS = 320
+#: The smallest prompt worth sending.
+MIN_PROMPT_BYTES = 1024
 
 
 class SummaryRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,16 +63,22 @@ class SummaryRequest(msgspec.Struct, frozen=True, kw_only=True):
     max_output_tokens: int
 
 
-def build_request(
-    *,
-    shown: bytes,
-    total_bytes: int,
-    json_schema: dict[str, Any],
-    summary_schema: Any,
-    instructions: str,
-    token_bound: int,
-) -> SummaryRequest:
-    """The prompt for a document of ``total_bytes`` of which ``shown`` is the start."""
+def system_prompt(instructions: str) -> str:
+    """The system message: the fixed wording and the caller's instructions."""
+    if not instructions:
+        return _SYSTEM
+    return _SYSTEM + "\n\nInstructions from the caller:\n" + instructions
+
+
+def prompt_bytes(*, context_tokens: int, token_bound: int, shown_bytes: int, system: str) -> int:
+    """How many bytes the user message of one prompt may hold on a route of this context."""
+    usable = context_tokens - min(token_bound, context_tokens // 2) - RESERVE_TOKENS
+    fit = int(usable * BYTES_PER_TOKEN) - len(system.encode())
+    return max(MIN_PROMPT_BYTES, min(shown_bytes, fit))
+
+
+def head_text(shown: bytes, total_bytes: int) -> str:
+    """``coverage="head"``: the first bytes of the document, the cut said and marked."""
     text = shown.decode("utf-8", "ignore")  # drops a character cut in half at the end
     if len(shown) < total_bytes:
         head = (
@@ -59,12 +88,40 @@ def build_request(
         text += f"\n[truncated: showing the first {len(shown)} of {total_bytes} bytes]"
     else:
         head = f"The document is {total_bytes} bytes of JSON, shown in full."
-    system = _SYSTEM
-    if instructions:
-        system += "\n\nInstructions from the caller:\n" + instructions
+    return f"{head}\n\n{text}"
+
+
+def build_request(
+    *,
+    shown: bytes,
+    total_bytes: int,
+    json_schema: dict[str, Any],
+    summary_schema: Any,
+    instructions: str,
+    token_bound: int,
+) -> SummaryRequest:
+    """The head-coverage prompt for a document of ``total_bytes`` whose start is ``shown``."""
+    return request_for(
+        user=head_text(shown, total_bytes),
+        json_schema=json_schema,
+        summary_schema=summary_schema,
+        instructions=instructions,
+        token_bound=token_bound,
+    )
+
+
+def request_for(
+    *,
+    user: str,
+    json_schema: dict[str, Any],
+    summary_schema: Any,
+    instructions: str,
+    token_bound: int,
+) -> SummaryRequest:
+    """A request with this user message."""
     return SummaryRequest(
-        system=system,
-        user=f"{head}\n\n{text}",
+        system=system_prompt(instructions),
+        user=user,
         schema_name=schema_name(summary_schema),
         json_schema=json_schema,
         max_output_tokens=token_bound,
@@ -118,6 +175,12 @@ class _SummaryIdentity(msgspec.Struct, frozen=True, kw_only=True):
     token_bound: int
     shown_bytes: int
     prompt_version: int
+    coverage: str
+    context_tokens: tuple[int, ...]
+    schema_dialect: str
+    temperature: float | None
+    max_model_calls: int
+    grounded: tuple[str, ...]
 
 
 def summary_key(
@@ -129,10 +192,20 @@ def summary_key(
     routes: tuple[str, ...],
     token_bound: int,
     shown_bytes: int,
+    coverage: str = "head",
+    context_tokens: tuple[int, ...] = (),
+    schema_dialect: str = "strict",
+    temperature: float | None = None,
+    max_model_calls: int = 0,
+    grounded: tuple[str, ...] = (),
 ) -> str:
-    """The hex cache key of a summary: everything that changes what the model is asked."""
+    """The hex cache key of a summary: everything that changes what the model is asked.
+
+    ``context_tokens`` are the routes' context limits (they bound the prompts), and the
+    prompt version changes whenever the wording or layout does.
+    """
     identity = _SummaryIdentity(
-        v=1,
+        v=2,
         exact_digest=exact_digest,
         summary_schema=summary_json_schema,
         instructions=instructions,
@@ -141,5 +214,11 @@ def summary_key(
         token_bound=token_bound,
         shown_bytes=shown_bytes,
         prompt_version=PROMPT_VERSION,
+        coverage=coverage,
+        context_tokens=context_tokens,
+        schema_dialect=schema_dialect,
+        temperature=temperature,
+        max_model_calls=max_model_calls,
+        grounded=grounded,
     )
     return hashlib.sha256(_ENCODER.encode(identity)).hexdigest()

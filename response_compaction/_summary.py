@@ -8,10 +8,10 @@ The model side is a small protocol (:class:`SummaryModel`) so any provider can p
 from __future__ import annotations
 
 import asyncio
-import time
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import anyio
 import msgspec
@@ -20,34 +20,24 @@ from msgspec import UNSET, UnsetType
 
 from ._canonical import canonical_bytes, digest_of
 from ._errors import StoreError
-from ._models import Attempt, AttemptOutcome, CompactionOptions, FallbackReason, Found
-from ._prompt import SummaryRequest, build_request, summary_key
+from ._ladder import (
+    LadderResult,
+    Source,
+    SummaryModel,
+    context_limit,
+    off_loop,
+    profile_source,
+    run_ladder,
+)
+from ._models import Attempt, CompactionOptions, FallbackReason, Found
+from ._profile import Profile
+from ._prompt import summary_key
+from ._schema import strict_json_schema
 from ._store import Store
 
-__all__ = ["RungReply", "SummaryModel", "SummaryOutcome", "summarize"]
+__all__ = ["SummaryOutcome", "fallback_value", "summarize"]
 
-
-class RungReply(msgspec.Struct, frozen=True, kw_only=True):
-    """What one route answered. ``text`` is the JSON the model wrote when ``outcome == "ok"``.
-
-    Token counts are ``UNSET`` when the provider did not report them as integers.
-    """
-
-    outcome: Literal["ok", "error", "refused", "truncated"]
-    text: str | None = None
-    input_tokens: int | UnsetType = UNSET
-    output_tokens: int | UnsetType = UNSET
-    detail: str = ""
-
-
-class SummaryModel(Protocol):
-    """What the summary step needs from ``harness.llm``."""
-
-    def routes(self, ladder: str) -> Sequence[str]:
-        """The ordered model routes of ``ladder``; ``LookupError`` if there is no such ladder."""
-
-    async def complete(self, route: str, request: SummaryRequest) -> RungReply:
-        """Ask ``route`` once, with no retries of its own."""
+log = logging.getLogger("response_compaction")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,62 +51,9 @@ class SummaryOutcome:
     reason: FallbackReason | UnsetType = UNSET
     digest: str | UnsetType = UNSET
     size: int | UnsetType = UNSET
-
-
-@dataclass(frozen=True, slots=True)
-class _LadderResult:
-    value: Any
-    route: str | UnsetType
-    attempts: tuple[Attempt, ...]
-    reason: FallbackReason | UnsetType
-
-
-async def _run_ladder(
-    model: SummaryModel,
-    routes: Sequence[str],
-    request: SummaryRequest,
-    summary_schema: Any,
-    deadline: float,
-) -> _LadderResult:
-    decoder = msgspec.json.Decoder(summary_schema)
-    attempts: list[Attempt] = []
-    route, started = "", 0.0
-    reason: FallbackReason = "error"
-    try:
-        with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
-            for route in routes:
-                started = time.perf_counter()
-                try:
-                    reply = await model.complete(route, request)
-                except Exception as exc:
-                    reply = RungReply(outcome="error", detail=f"{type(exc).__name__}: {exc}")
-                outcome: AttemptOutcome = reply.outcome
-                value = None
-                if outcome == "ok":
-                    try:
-                        value = decoder.decode(reply.text or "")
-                    except (msgspec.ValidationError, msgspec.DecodeError):
-                        outcome = "invalid"
-                attempts.append(
-                    Attempt(
-                        route=route,
-                        outcome=outcome,
-                        elapsed_ms=_ms_since(started),
-                        input_tokens=reply.input_tokens,
-                        output_tokens=reply.output_tokens,
-                    )
-                )
-                if outcome == "ok":
-                    return _LadderResult(value, route, tuple(attempts), UNSET)
-                reason = outcome
-    except TimeoutError:
-        attempts.append(Attempt(route=route, outcome="timeout", elapsed_ms=_ms_since(started)))
-        return _LadderResult(None, UNSET, tuple(attempts), "timeout")
-    return _LadderResult(None, UNSET, tuple(attempts), reason)
-
-
-def _ms_since(started: float) -> int:
-    return max(0, round((time.perf_counter() - started) * 1000))
+    covered: int | UnsetType = UNSET
+    shown: int | UnsetType = UNSET
+    profile: Profile | None = None
 
 
 class _Flight:
@@ -146,8 +83,7 @@ async def summarize(
     summary_schema: Any,
     options: CompactionOptions[Any],
     exact_digest: str,
-    exact_bytes: int,
-    shown: bytes,
+    source: Source,
 ) -> SummaryOutcome:
     """Return a cached summary, or run the ladder once per identity and cache what validates.
 
@@ -159,6 +95,8 @@ async def summarize(
     fallback.
     """
     deadline = anyio.current_time() + options.timeout_ms / 1000
+    dialect = getattr(model, "schema_dialect", "strict")
+    temperature = getattr(model, "temperature", None)
     key = summary_key(
         exact_digest=exact_digest,
         summary_json_schema=json_schema,
@@ -167,6 +105,12 @@ async def summarize(
         routes=tuple(routes),
         token_bound=options.token_bound,
         shown_bytes=options.shown_bytes,
+        coverage=options.coverage,
+        context_tokens=tuple(context_limit(model, r) for r in routes),
+        schema_dialect=dialect if dialect in ("strict", "full") else "strict",
+        temperature=temperature if isinstance(temperature, float) else None,
+        max_model_calls=options.max_model_calls if options.coverage == "full" else 0,
+        grounded=options.grounded,
     )
     flight_key = (_loop_identity(), store.root, key)
     # No await between looking for a flight and registering one: a caller either follows a
@@ -189,15 +133,18 @@ async def summarize(
                 value=cached.value, cache="hit", digest=digest_of(data), size=len(data)
             )
         else:
-            request = build_request(
-                shown=shown,
-                total_bytes=exact_bytes,
-                json_schema=json_schema,
-                summary_schema=summary_schema,
-                instructions=options.instructions,
-                token_bound=options.token_bound,
+            if dialect == "full":
+                json_schema = strict_json_schema(summary_schema, "full")
+            result = await run_ladder(
+                model, routes, json_schema, summary_schema, options, source, deadline
             )
-            result = await _run_ladder(model, routes, request, summary_schema, deadline)
+            if result.value is None:
+                log.warning(
+                    "summary ladder %r ended in the fallback: %s after %d calls",
+                    options.ladder,
+                    result.reason,
+                    len(result.attempts),
+                )
             outcome = await _keep(store, key, result, summary_schema, options)
         flight.outcome = outcome
         return outcome
@@ -209,11 +156,17 @@ async def summarize(
 async def _keep(
     store: Store,
     key: str,
-    result: _LadderResult,
+    result: LadderResult,
     summary_schema: Any,
     options: CompactionOptions[Any],
 ) -> SummaryOutcome:
-    common: dict[str, Any] = {"attempts": result.attempts, "route": result.route}
+    common: dict[str, Any] = {
+        "attempts": tuple(result.attempts),
+        "route": result.route,
+        "covered": result.covered,
+        "shown": result.shown,
+        "profile": result.profile,
+    }
     if result.value is None:
         return SummaryOutcome(value=None, cache="none", reason=result.reason, **common)
     data = canonical_bytes(result.value)
@@ -235,3 +188,30 @@ async def _keep(
     return SummaryOutcome(
         value=result.value, cache="stored", digest=digest_of(data), size=len(data), **common
     )
+
+
+async def fallback_value(
+    options: CompactionOptions[Any],
+    summary_schema: Any,
+    source: Source,
+    profile: Profile | None,
+) -> Any:
+    """The caller's fallback: the value, or what their function makes of the profile.
+
+    The profile is computed here (in a worker thread) when the summary step has none, e.g.
+    with no model or when the budget ended first. What the function returns must be a value
+    of the summary schema (``ValueError`` otherwise); what it raises propagates.
+    """
+    fallback = options.fallback
+    if not callable(fallback) or isinstance(fallback, msgspec.Struct | type):
+        return fallback
+    if profile is None:
+        profile = (await off_loop(profile_source, source)).profile
+    made = fallback(profile)
+    try:
+        return msgspec.convert(
+            msgspec.to_builtins(made) if isinstance(made, msgspec.Struct) else made,
+            summary_schema,
+        )
+    except (msgspec.ValidationError, TypeError) as exc:
+        raise ValueError(f"the fallback function's result is not a summary: {exc}") from None
