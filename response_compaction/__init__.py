@@ -27,6 +27,7 @@ from ._models import Missing as Missing
 from ._models import Receipt as Receipt
 from ._models import SummarizedOutput as SummarizedOutput
 from ._openai import OpenAICatalog as OpenAICatalog
+from ._profile import Profile as Profile
 from ._prompt import SummaryRequest as SummaryRequest
 
 __all__ = (
@@ -41,6 +42,7 @@ __all__ = (
     "LocalWorkspace",
     "Missing",
     "OpenAICatalog",
+    "Profile",
     "Receipt",
     "RungReply",
     "SchemaError",
