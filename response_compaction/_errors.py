@@ -15,7 +15,11 @@ ladder raises plain ``LookupError``.
 
 from __future__ import annotations
 
-__all__ = ["SchemaError", "StoreError", "UnsafeStoreError"]
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+
+__all__ = ["SchemaError", "StoreError", "UnsafeStoreError", "map_errors"]
 
 
 class StoreError(OSError):
@@ -35,3 +39,20 @@ class UnsafeStoreError(StoreError):
 
 class SchemaError(ValueError):
     """The summary schema cannot be expressed as a strict JSON schema."""
+
+
+@contextlib.contextmanager
+def map_errors(action: str) -> Iterator[None]:
+    """At an I/O edge: ``OSError`` and sqlite's errors leave as :class:`StoreError`.
+
+    ``action`` says what failed and where (a kind, a path); the message adds the error's type
+    or the OS's reason, never a value. A :class:`StoreError` passes through unchanged.
+    """
+    try:
+        yield
+    except StoreError:
+        raise
+    except OSError as exc:
+        raise StoreError(exc.errno, f"{action}: {exc.strerror or type(exc).__name__}") from exc
+    except sqlite3.Error as exc:
+        raise StoreError(f"{action}: {type(exc).__name__}: {exc}") from exc

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from ._models import CompactionOptions
 from ._schema import schema_name
 
 __all__ = [
@@ -135,6 +136,16 @@ class Head:
         self._limit = limit
         self._parts: list[bytes] = []
         self._size = 0
+
+    @classmethod
+    def for_options(cls, options: CompactionOptions[Any]) -> Head:
+        """What the summary step may need: all of it, unless only the head is ever shown.
+
+        Sampled and full coverage show any part of the value, and grounding and a fallback
+        function read all of it.
+        """
+        whole = options.coverage != "head" or bool(options.grounded) or callable(options.fallback)
+        return cls(1 << 62 if whole else options.shown_bytes)
 
     def watch(self, pieces: Iterable[bytes | memoryview]) -> Iterator[bytes | memoryview]:
         for piece in pieces:

@@ -56,6 +56,33 @@ class SummaryOutcome:
     profile: Profile | None = None
 
 
+def _key(
+    model: SummaryModel,
+    routes: Sequence[str],
+    json_schema: dict[str, Any],
+    options: CompactionOptions[Any],
+    exact_digest: str,
+    dialect: object,
+) -> str:
+    """The summary cache key: everything that changes what any model call is shown."""
+    temperature = getattr(model, "temperature", None)
+    return summary_key(
+        exact_digest=exact_digest,
+        summary_json_schema=json_schema,
+        instructions=options.instructions,
+        ladder=options.ladder,
+        routes=tuple(routes),
+        token_bound=options.token_bound,
+        shown_bytes=options.shown_bytes,
+        coverage=options.coverage,
+        context_tokens=tuple(context_limit(model, r) for r in routes),
+        schema_dialect=dialect if dialect in ("strict", "full") else "strict",
+        temperature=temperature if isinstance(temperature, float) else None,
+        max_model_calls=options.max_model_calls if options.coverage == "full" else 0,
+        grounded=options.grounded,
+    )
+
+
 class _Flight:
     def __init__(self) -> None:
         self.done = anyio.Event()
@@ -96,22 +123,7 @@ async def summarize(
     """
     deadline = anyio.current_time() + options.timeout_ms / 1000
     dialect = getattr(model, "schema_dialect", "strict")
-    temperature = getattr(model, "temperature", None)
-    key = summary_key(
-        exact_digest=exact_digest,
-        summary_json_schema=json_schema,
-        instructions=options.instructions,
-        ladder=options.ladder,
-        routes=tuple(routes),
-        token_bound=options.token_bound,
-        shown_bytes=options.shown_bytes,
-        coverage=options.coverage,
-        context_tokens=tuple(context_limit(model, r) for r in routes),
-        schema_dialect=dialect if dialect in ("strict", "full") else "strict",
-        temperature=temperature if isinstance(temperature, float) else None,
-        max_model_calls=options.max_model_calls if options.coverage == "full" else 0,
-        grounded=options.grounded,
-    )
+    key = _key(model, routes, json_schema, options, exact_digest, dialect)
     flight_key = (_loop_identity(), store.root, key)
     # No await between looking for a flight and registering one: a caller either follows a
     # leader or leads, never reads the cache in a window where the leader finishes unseen.
@@ -138,13 +150,6 @@ async def summarize(
             result = await run_ladder(
                 model, routes, json_schema, summary_schema, options, source, deadline
             )
-            if result.value is None:
-                log.warning(
-                    "summary ladder %r ended in the fallback: %s after %d calls",
-                    options.ladder,
-                    result.reason,
-                    len(result.attempts),
-                )
             outcome = await _keep(store, key, result, summary_schema, options)
         flight.outcome = outcome
         return outcome
@@ -168,6 +173,12 @@ async def _keep(
         "profile": result.profile,
     }
     if result.value is None:
+        log.warning(
+            "summary ladder %r ended in the fallback: %s after %d calls",
+            options.ladder,
+            result.reason,
+            len(result.attempts),
+        )
         return SummaryOutcome(value=None, cache="none", reason=result.reason, **common)
     data = canonical_bytes(result.value)
     try:

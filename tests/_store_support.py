@@ -6,18 +6,25 @@ import hashlib
 import os
 import sqlite3
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
-import pytest
 from hypothesis import settings
 
 import response_compaction as rc
-from response_compaction import _fileio
+from response_compaction._store._fileio import (
+    AsyncBinaryFile,
+    FileBackend,
+    Mode,
+    Opener,
+    current_backend,
+)
 from tests.schemas import FALLBACK, Exact, Summary
 
 ROOT_NAME = "response-compaction-v1"
+T = TypeVar("T")
 
 #: Hypothesis for these tests: modest example counts, and no deadline because event-loop
 #: startup (trio or asyncio, a worker thread per file call) varies from run to run.
@@ -50,9 +57,9 @@ def ref_of(value: Any) -> str:
     return "rc1:" + hex_of(value)
 
 
-def store_root(workspace: rc.LocalWorkspace | str | Path) -> Path:
+def store_root(workspace: rc.Workspace | str | Path) -> Path:
     """The library's directory below a workspace."""
-    base = workspace.path if isinstance(workspace, rc.LocalWorkspace) else workspace
+    base = workspace if isinstance(workspace, str | Path) else workspace.workspace_temp_dir()
     return Path(base) / ROOT_NAME
 
 
@@ -116,13 +123,16 @@ def snapshot(top: Path) -> Snapshot:
 
 # ----------------------------------------------------------------------------- fault seams
 
-WriteFn = Callable[[_fileio.AsyncBinaryFile, bytes | memoryview], Awaitable[int]]
+WriteFn = Callable[[AsyncBinaryFile, bytes | memoryview], Awaitable[int]]
+RunHook = Callable[[Callable[..., Any]], Awaitable[None]]
+OpenHook = Callable[[str], Awaitable[None]]
+ThreadHook = Callable[[Callable[..., Any]], AbstractContextManager[None]]
 
 
 class WrappedFile:
     """A temp file whose ``write`` goes through a test-chosen function."""
 
-    def __init__(self, inner: _fileio.AsyncBinaryFile, write: WriteFn) -> None:
+    def __init__(self, inner: AsyncBinaryFile, write: WriteFn) -> None:
         self._inner = inner
         self._write = write
 
@@ -139,36 +149,54 @@ class WrappedFile:
         return self._inner.fileno()
 
 
-def patch_temp_writes(monkeypatch: pytest.MonkeyPatch, write: WriteFn) -> None:
-    """Route every write to a store temp file, on both backends, through ``write``."""
-    for cls in (_fileio.AiofilesBackend, _fileio.AnyioBackend):
-        original = cls.open
+class FaultyBackend:
+    """The running loop's real file backend, with faults injected where a test asks.
 
-        async def open_(
-            self: Any,
-            path: str,
-            mode: _fileio.Mode,
-            opener: _fileio.Opener,
-            _original: Any = original,
-        ) -> _fileio.AsyncBinaryFile:
-            file: _fileio.AsyncBinaryFile = await _original(self, path, mode, opener)
-            return WrappedFile(file, write) if mode == "xb" else file
+    ``write`` replaces every write to a store temp file (short writes, ENOSPC, no progress);
+    ``before_open`` and ``before_run`` are awaited ahead of each open and each blocking call
+    (EIO on fsync, a cancellation point); ``in_thread`` wraps a blocking call inside its worker
+    thread (a cancellation that lands while the call runs).
+    """
 
-        monkeypatch.setattr(cls, "open", open_)
+    name = "faulty"
+
+    def __init__(
+        self,
+        *,
+        write: WriteFn | None = None,
+        before_open: OpenHook | None = None,
+        before_run: RunHook | None = None,
+        in_thread: ThreadHook | None = None,
+    ) -> None:
+        self._write = write
+        self._before_open = before_open
+        self._before_run = before_run
+        self._in_thread = in_thread
+
+    async def open(self, path: str, mode: Mode, opener: Opener) -> AsyncBinaryFile:
+        if self._before_open is not None:
+            await self._before_open(mode)
+        file = await current_backend().open(path, mode, opener)
+        return WrappedFile(file, self._write) if mode == "xb" and self._write else file
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._before_run is not None:
+            await self._before_run(fn)
+        wrap = self._in_thread
+        if wrap is None:
+            return await current_backend().run(fn, *args)
+
+        def call() -> T:
+            with wrap(fn):
+                return fn(*args)
+
+        return await current_backend().run(call)
 
 
-RunHook = Callable[[Callable[..., Any]], Awaitable[None]]
-
-
-def patch_backend_run(monkeypatch: pytest.MonkeyPatch, before: RunHook) -> None:
-    """Await ``before(fn)`` ahead of every blocking call the store makes through the seam."""
-    for cls in (_fileio.AiofilesBackend, _fileio.AnyioBackend):
-        original = cls.run
-
-        async def run(
-            self: Any, fn: Callable[..., Any], *args: Any, _original: Any = original
-        ) -> Any:
-            await before(fn)
-            return await _original(self, fn, *args)
-
-        monkeypatch.setattr(cls, "run", run)
+def with_backend(harness: rc.Harness, backend: FileBackend) -> rc.Harness:
+    """``harness`` on the same workspace and clock, its store using ``backend``."""
+    fs = harness.fs
+    assert isinstance(fs, rc.LocalWorkspace)
+    return rc.Harness(
+        fs=rc.LocalWorkspace(fs.path, clock=fs.clock, file_backend=backend), llm=harness.llm
+    )

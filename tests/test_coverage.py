@@ -71,8 +71,10 @@ async def harness_for(
         yield rc.Harness(fs=workspace, llm=rc.OpenAICatalog(client, {"main": routes}, **catalog))
 
 
-async def compact(harness: Any, value: Any, **options: Any) -> rc.Compacted[Search, Summary]:
-    opts = {"fallback": FALLBACK, "ladder": "main", **options}
+async def compact(
+    harness: rc.Harness, value: Search, **options: Any
+) -> rc.Compacted[Search, Summary]:
+    opts: dict[str, object] = {"fallback": FALLBACK, "ladder": "main", **options}
     return await rc.response_compact(harness, value, Search, Summary, opts)
 
 

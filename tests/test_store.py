@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +21,22 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import _store
-from response_compaction._fileio import AsyncBinaryFile
+from response_compaction._store import _index
+from response_compaction._store._fileio import AsyncBinaryFile
 from tests._store_support import (
     ROOT_NAME,
+    FaultyBackend,
     canonical,
     compact,
     entry_files,
     entry_path,
     hex_of,
     index_rows,
-    patch_backend_run,
-    patch_temp_writes,
     ref_of,
     snapshot,
     store_root,
     temp_files,
+    with_backend,
 )
 from tests.conftest import FakeClock
 from tests.schemas import Exact, Row, Summary, big_exact
@@ -150,21 +152,22 @@ async def test_deleted_entry_with_row_reads_missing(harness: rc.Harness, delete:
     assert await read(harness, A) == rc.Missing()
 
 
-async def test_file_removed_between_lookup_and_open_reads_missing(
-    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_file_removed_between_lookup_and_open_reads_missing(harness: rc.Harness) -> None:
     """A concurrent cleanup that unlinks the file after the index lookup gives Missing."""
     await compact(harness, A)
     path = entry_path(store_root(harness.fs), hex_of(A))
-    lookup = _store._Index.lookup
+    looked_up = False
 
-    def lookup_then_evict(self: Any, kind: Any, key: str) -> Any:
-        row = lookup(self, kind, key)
-        path.unlink()
-        return row
+    async def evict_after_lookup(fn: Callable[..., Any]) -> None:
+        nonlocal looked_up
+        if looked_up and path.exists():
+            path.unlink()
+        looked_up = looked_up or getattr(fn, "__name__", "") == "lookup"
 
-    monkeypatch.setattr(_store._Index, "lookup", lookup_then_evict)
-    assert await read(harness, A) == rc.Missing()
+    faulty = with_backend(harness, FaultyBackend(before_run=evict_after_lookup))
+    assert await read(faulty, A) == rc.Missing()
+    assert looked_up
+    assert not path.exists()
 
 
 def _replace_with_dir(path: Path) -> None:
@@ -325,7 +328,7 @@ CANCEL_POINTS = ["first write", "mid write", "fsync", "verify", "commit"]
 
 @pytest.mark.parametrize("point", CANCEL_POINTS)
 async def test_cancelled_write_leaves_whole_entry_or_nothing(
-    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch, point: str
+    harness: rc.Harness, point: str
 ) -> None:
     """Cancelling a multi-MB compaction leaves no temp file and either no entry or a whole one."""
     value = big_exact(60_000)
@@ -349,41 +352,36 @@ async def test_cancelled_write_leaves_whole_entry_or_nothing(
             reached = True
             scope.cancel()
 
-    verify_temp = _store.Store._verify_temp
-
-    async def cancel_then_verify(self: Any, *args: Any, **kwargs: Any) -> Any:
+    async def before_open(mode: str) -> None:
         nonlocal reached
-        reached = True
-        scope.cancel()
-        return await verify_temp(self, *args, **kwargs)
+        if point == "verify" and mode == "rb":  # reading the temp file back to verify it
+            reached = True
+            scope.cancel()
 
-    commit = _store._Index.commit
-
-    def cancel_then_commit(self: Any, **kwargs: Any) -> bool:
+    @contextlib.contextmanager
+    def in_thread(fn: Callable[..., Any]) -> Iterator[None]:
         nonlocal reached
+        if point != "commit" or fn is not _store.publish:
+            yield
+            return
         reached = True
         try:
             anyio.from_thread.run_sync(scope.cancel, token=token)
-            return commit(self, **kwargs)
+            yield
         finally:
             commit_done.set()
 
-    patch_temp_writes(monkeypatch, write)
-    patch_backend_run(monkeypatch, before_run)
-    if point == "verify":
-        monkeypatch.setattr(_store.Store, "_verify_temp", cancel_then_verify)
-    if point == "commit":
-        monkeypatch.setattr(_store._Index, "commit", cancel_then_commit)
-
+    backend = FaultyBackend(
+        write=write, before_open=before_open, before_run=before_run, in_thread=in_thread
+    )
     with scope:
-        await compact(harness, value)
+        await compact(with_backend(harness, backend), value)
     assert reached
     # Cancelled while committing, the compaction may finish (nothing awaits after the commit
     # of a value that needs no summary); before that point the cancellation must land.
     assert scope.cancelled_caught or point == "commit"
     if point == "commit":
         await anyio.to_thread.run_sync(commit_done.wait)
-    monkeypatch.undo()
 
     root = store_root(harness.fs)
     assert temp_files(root) == []
@@ -604,9 +602,7 @@ async def test_fresh_root_with_shared_mode_is_refused(
 # ----------------------------------------------------------------------------- write failures
 
 
-async def test_short_writes_still_produce_a_correct_entry(
-    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_short_writes_still_produce_a_correct_entry(harness: rc.Harness) -> None:
     """A file whose writes go out a few bytes at a time still yields the exact entry."""
     short = 0
 
@@ -618,11 +614,11 @@ async def test_short_writes_still_produce_a_correct_entry(
         short += written < len(view)
         return written
 
-    patch_temp_writes(monkeypatch, dribble)
+    faulty = with_backend(harness, FaultyBackend(write=dribble))
     small = Exact(rows=[Row(id=i, name="x" * 50) for i in range(20)], total=20)
     medium = big_exact(3000)
     for value in (small, medium):
-        compacted = await compact(harness, value)
+        compacted = await compact(faulty, value)
         assert compacted.receipt.exact_bytes == len(canonical(value))
         path = entry_path(store_root(harness.fs), hex_of(value))
         assert path.read_bytes() == canonical(value)
@@ -630,26 +626,21 @@ async def test_short_writes_still_produce_a_correct_entry(
     assert short > 100
 
 
-async def test_write_making_no_progress_is_an_error(
-    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_write_making_no_progress_is_an_error(harness: rc.Harness) -> None:
     """A write that returns 0 raises StoreError (EIO) instead of spinning, and leaves nothing."""
 
     async def stuck(inner: AsyncBinaryFile, data: bytes | memoryview) -> int:
         return 0
 
-    patch_temp_writes(monkeypatch, stuck)
     with pytest.raises(rc.StoreError) as info:
-        await compact(harness, A)
+        await compact(with_backend(harness, FaultyBackend(write=stuck)), A)
     assert info.value.errno == errno.EIO
     root = store_root(harness.fs)
     assert temp_files(root) == []
     assert entry_files(root) == set()
 
 
-async def test_disk_full_surfaces_as_oserror_and_keeps_old_entries(
-    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_disk_full_surfaces_as_oserror_and_keeps_old_entries(harness: rc.Harness) -> None:
     """ENOSPC part-way through a write raises StoreError(ENOSPC); old entries stay Found."""
     await compact(harness, A)
     written = 0
@@ -662,14 +653,12 @@ async def test_disk_full_surfaces_as_oserror_and_keeps_old_entries(
         written += n
         return n
 
-    patch_temp_writes(monkeypatch, fill_up)
     value = big_exact(40_000)
     with pytest.raises(OSError, match="No space left") as info:
-        await compact(harness, value)
+        await compact(with_backend(harness, FaultyBackend(write=fill_up)), value)
     assert isinstance(info.value, rc.StoreError)
     assert info.value.errno == errno.ENOSPC
     assert written >= 1 << 20
-    monkeypatch.undo()
     root = store_root(harness.fs)
     assert temp_files(root) == []
     assert entry_files(root) == {hex_of(A)}
@@ -678,9 +667,7 @@ async def test_disk_full_surfaces_as_oserror_and_keeps_old_entries(
     assert await read(harness, value) == rc.Missing()
 
 
-async def test_fsync_failure_surfaces_as_oserror(
-    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_fsync_failure_surfaces_as_oserror(harness: rc.Harness) -> None:
     """An fsync that fails (EIO) raises StoreError and publishes nothing."""
     await compact(harness, A)
 
@@ -688,11 +675,9 @@ async def test_fsync_failure_surfaces_as_oserror(
         if fn is os.fsync:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    patch_backend_run(monkeypatch, failing_fsync)
     with pytest.raises(rc.StoreError) as info:
-        await compact(harness, B)
+        await compact(with_backend(harness, FaultyBackend(before_run=failing_fsync)), B)
     assert info.value.errno == errno.EIO
-    monkeypatch.undo()
     root = store_root(harness.fs)
     assert temp_files(root) == []
     assert entry_files(root) == {hex_of(A)}
@@ -710,7 +695,7 @@ def test_root_name_matches_the_library() -> None:
 
 async def test_more_stores_than_open_indexes_work_concurrently(tmp_path: Path) -> None:
     """Many workspaces used at once in one process (more than the index cache) all work."""
-    count = _store._MAX_OPEN_INDEXES + 4
+    count = _index.MAX_IDLE_INDEXES + 4
     failures: list[str] = []
 
     async def agent(n: int) -> None:

@@ -1,0 +1,161 @@
+"""Checking bytes against their record: size and digest, schema, in a worker when large."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import pickle
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import anyio.lowlevel
+import anyio.to_process
+
+from .._canonical import Span, decode_exact
+from .._perf import paused_gc
+from .._slices import decode_sliced
+from ._fileio import FileBackend
+from ._index import Entry
+from ._paths import FILE_FLAGS, Kind, open_fanout, regular_opener
+
+__all__ = ["EntryReport", "check_bytes", "check_entry", "checked_value", "verify_file"]
+
+#: Verifying more bytes than this runs in a worker process: msgspec holds the GIL while it
+#: decodes, and a thread would freeze the caller's event loop for the whole decode.
+PROCESS_VERIFY_BYTES = 8 << 20
+#: Decoding more bytes than this in the caller's process pauses the cyclic GC meanwhile:
+#: a full collection over a freshly decoded tree can cost more than the decode itself.
+GC_PAUSE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class EntryReport:
+    """One entry as ``verify`` saw it."""
+
+    kind: Kind
+    key: str
+    state: Literal["found", "expired", "missing", "broken"]
+    size: int
+    detail: str = ""
+
+
+def check_bytes(data: bytes, hex_digest: str, size: int) -> None:
+    """Raise ``ValueError`` unless ``data`` is ``size`` bytes hashing to ``hex_digest``."""
+    if len(data) != size:
+        raise ValueError(f"truncated or padded: {len(data)} bytes on disk, {size} recorded")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != hex_digest:
+        raise ValueError(f"bytes hash to sha256:{actual}, expected sha256:{hex_digest}")
+
+
+async def read_all(backend: FileBackend, path: str, dir_fd: int | None = None) -> bytes:
+    """The whole of a regular file, opened without following links."""
+    file = await backend.open(path, "rb", regular_opener(dir_fd))
+    try:
+        return await file.read(-1)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await file.close()
+
+
+async def checked_value(
+    backend: FileBackend,
+    data: bytes,
+    hex_digest: str,
+    size: int,
+    schema: Any,
+    spans: tuple[Span, ...],
+) -> Any:
+    """Digest-check ``data`` off the loop, then decode it, in slices when it is large."""
+    await backend.run(check_bytes, data, hex_digest, size)
+    if size < GC_PAUSE_BYTES:
+        return decode_exact(data, schema)
+    with paused_gc():
+        return await decode_sliced(data, schema, spans, anyio.lowlevel.checkpoint)
+
+
+async def verify_file(
+    backend: FileBackend,
+    path: str,
+    hex_digest: str,
+    size: int,
+    schema: Any,
+    spans: tuple[Span, ...],
+    *,
+    want_value: bool,
+) -> Any:
+    """Read a fresh temp file back and verify it; its value if ``want_value``, else None.
+
+    Large files nobody needs the value of are verified in a worker process when the schema
+    can travel there. Raises ``ValueError`` with what is wrong.
+    """
+    if size >= PROCESS_VERIFY_BYTES and not want_value and _worker_can_load(schema):
+        try:
+            problem = await anyio.to_process.run_sync(
+                _verify_in_worker, path, hex_digest, size, schema, cancellable=True
+            )
+        except (anyio.BrokenWorkerProcess, ImportError, AttributeError, pickle.PickleError):
+            pass  # the worker could not load the schema: verify here instead
+        else:
+            if problem is not None:
+                raise ValueError(problem)
+            return None
+    data = await read_all(backend, path)
+    value = await checked_value(backend, data, hex_digest, size, schema, spans)
+    return value if want_value else None
+
+
+def _verify_in_worker(path: str, hex_digest: str, size: int, schema: Any) -> str | None:
+    """Runs in a worker process: read the file back and verify it, GC off (we own the process).
+
+    Returns what is wrong, or None; raising is kept for "this worker could not do the job".
+    """
+    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        data = file.readall()
+    gc.disable()
+    try:
+        check_bytes(data, hex_digest, size)
+        decode_exact(data, schema)
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        gc.enable()
+    return None
+
+
+def _worker_can_load(schema: Any) -> bool:
+    """Whether a fresh interpreter can unpickle ``schema`` (a module-level type, by reference)."""
+    module = sys.modules.get(getattr(schema, "__module__", ""), None)
+    if module is None or (module.__name__ == "__main__" and not getattr(module, "__file__", None)):
+        return False
+    try:
+        pickle.dumps(schema)
+    except Exception:
+        return False
+    return True
+
+
+def check_entry(root: str, entry: Entry, expired: bool) -> EntryReport:
+    """Blocking: re-check one recorded entry's bytes against its digest (not its schema)."""
+    kind, key, size = entry.kind, entry.key, entry.size
+    try:
+        fan_fd = open_fanout(root, kind, key)
+        try:
+            fd = regular_opener(fan_fd)(key, os.O_RDONLY)
+        finally:
+            os.close(fan_fd)
+    except FileNotFoundError:
+        return EntryReport(kind, key, "missing", size)
+    except OSError as exc:
+        return EntryReport(kind, key, "broken", size, f"cannot open: {exc.strerror or exc}")
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        data = file.readall()
+    try:
+        check_bytes(data, entry.digest, size)
+    except ValueError as exc:
+        return EntryReport(kind, key, "broken", size, str(exc))
+    return EntryReport(kind, key, "expired" if expired else "found", size)
