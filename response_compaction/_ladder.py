@@ -38,6 +38,8 @@ from ._views import Chunk, View, chunks, covered_bytes, reduce_view, sampled_vie
 __all__ = ["LadderResult", "RungReply", "Source", "SummaryModel", "context_limit", "run_ladder"]
 
 log = logging.getLogger("response_compaction")
+# A library does not print: without the host's logging set up, records go nowhere.
+log.addHandler(logging.NullHandler())
 T = TypeVar("T")
 #: Map calls in flight at once under ``coverage="full"``.
 MAP_CONCURRENCY = 4
@@ -202,7 +204,7 @@ async def _one_prompt(run: _Run) -> FallbackReason:
             break
         budget = run.budget(route)
         retried = False
-        with _RungScope(run.options):
+        with _rung_scope(run.options) as scope:
             while True:
                 view = await _view(run, budget)
                 outcome, reply, _ = await _ask(run, route, view, "retry" if retried else UNSET)
@@ -216,21 +218,15 @@ async def _one_prompt(run: _Run) -> FallbackReason:
                 retried = True
                 factor = reply.shrink if isinstance(reply.shrink, float) else 0.5
                 budget = max(1024, int(budget * min(0.9, factor * 0.85)))
+        if scope.cancelled_caught:
+            reason = "timeout"
     return reason
 
 
-class _RungScope:
+def _rung_scope(options: CompactionOptions[Any]) -> anyio.CancelScope:
     """``rung_timeout_ms`` around one rung (None: no bound of its own)."""
-
-    def __init__(self, options: CompactionOptions[Any]) -> None:
-        ms = options.rung_timeout_ms
-        self._scope = anyio.move_on_after(ms / 1000) if ms is not None else anyio.CancelScope()
-
-    def __enter__(self) -> anyio.CancelScope:
-        return self._scope.__enter__()
-
-    def __exit__(self, *exc: Any) -> bool:
-        return bool(self._scope.__exit__(*exc))
+    ms = options.rung_timeout_ms
+    return anyio.move_on_after(ms / 1000) if ms is not None else anyio.CancelScope()
 
 
 async def _view(run: _Run, budget: int) -> View:
@@ -341,11 +337,13 @@ async def _full(run: _Run, pv: ProfiledValue, deadline: float) -> FallbackReason
         done = [(c, parts[i]) for i, c in enumerate(planned) if i in parts]
         missing = [c for i, c in enumerate(planned) if i not in parts]
         view = reduce_view(pv, done, missing, budget)
-        with _RungScope(run.options):
+        with _rung_scope(run.options) as scope:
             outcome, _, _ = await _ask(run, route, view, "reduce")
             if outcome == "ok":
                 return "error"
             reason = _reason(outcome)
+        if scope.cancelled_caught:
+            reason = "timeout"
     return reason
 
 
@@ -359,7 +357,7 @@ async def _map(
             # Leave one call for the reduce.
             if run.calls >= run.options.max_model_calls - 1:
                 return
-            with _RungScope(run.options):
+            with _rung_scope(run.options):
                 view = View(chunk.text, covered_bytes(pv, 0, chunk.items))
                 outcome, _, value = await _ask(run, route, view, "map", final=False)
                 if outcome == "ok":

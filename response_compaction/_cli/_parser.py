@@ -193,6 +193,42 @@ def _add_budget_options(compact: _Parser) -> None:
         type=_positive,
         help=f"most output tokens for the summary (default: {DEFAULTS['token_bound']})",
     )
+    _add_coverage_options(compact)
+
+
+def _add_coverage_options(compact: _Parser) -> None:
+    compact.add_argument(
+        "--coverage",
+        choices=("head", "sampled", "full"),
+        help="what the model is shown: the first bytes, the profile and records sampled "
+        "across the document, or every record map-reduced "
+        f"(default: {DEFAULTS['coverage']})",
+    )
+    compact.add_argument(
+        "--shown-bytes",
+        metavar="BYTES",
+        type=_positive,
+        help="most bytes of the document in one prompt; the model's context may bound it "
+        f"further (default: {DEFAULTS['shown_bytes']})",
+    )
+    compact.add_argument(
+        "--context-tokens",
+        metavar="N",
+        type=_positive,
+        help="the model's context window in tokens; prompts are sized to fit (default: 8192)",
+    )
+    compact.add_argument(
+        "--rung-timeout-ms",
+        metavar="MS",
+        type=_positive,
+        help="budget of one rung of the ladder (default: what is left of --timeout-ms)",
+    )
+    compact.add_argument(
+        "--max-model-calls",
+        metavar="N",
+        type=_positive,
+        help=f"most model calls for --coverage full (default: {DEFAULTS['max_model_calls']})",
+    )
 
 
 def _add_read_and_mcp(
