@@ -290,7 +290,7 @@ async def _demo(args: argparse.Namespace) -> int:
     from ._demo import run  # imported here: only the demo needs the generator and its timers
 
     model = ModelConfig.from_env(args.model, args.base_url, "demo")
-    async with model.catalog(args.context_tokens) as llm:
+    async with model.catalog() as llm:
         return await run(args, llm, model.describe())
 
 
