@@ -325,6 +325,8 @@ def _ms(started: float) -> int:
 async def _full(run: _Run, pv: ProfiledValue, deadline: float) -> FallbackReason:
     """Map record-aligned chunks, then reduce what arrived, rung by rung."""
     budget = min(run.budget(r) for r in run.routes)
+    if pv.profile.exact_bytes <= budget * 6 // 10:  # all of it fits one prompt, profile too
+        return await _one_prompt(run)
     planned, _too_big = chunks(pv, budget, run.options.max_model_calls - 1)
     parts: dict[int, bytes] = {}
     reason: FallbackReason = "error"
