@@ -38,7 +38,7 @@ def readme_model_example(timeout_ms: int) -> str:
 
 def log_search(size: int) -> dict[str, object]:
     """A log search result of about ``size`` bytes, with a few ERROR and one FATAL record."""
-    hits = []
+    hits: list[dict[str, object]] = []
     i = 0
     while len(json.dumps(hits)) < size:
         level = "FATAL" if i == 1234 else "ERROR" if i % 37 == 0 else "INFO"
