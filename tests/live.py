@@ -25,6 +25,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+_LOGGING = """import logging
+logging.basicConfig(format="log: %(message)s")
+logging.getLogger("response_compaction").setLevel(logging.DEBUG)
+"""
+
+
 def readme_model_example(timeout_ms: int) -> str:
     """The README's model example, with its budget set to ``timeout_ms``."""
     readme = (REPO / "README.md").read_text()
@@ -72,7 +78,9 @@ def main() -> int:
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "readme_example.py"
-        script.write_text(readme_model_example(timeout_ms))
+        # The example as written, plus the library's log records (one per model call, no
+        # content) on stderr, so a fallback says why.
+        script.write_text(_LOGGING + readme_model_example(timeout_ms))
         ok &= run("README model example", [sys.executable, str(script)], env, tmp)
         document = json.dumps(log_search(size)).encode()
         print(f"(CLI document: {len(document)} bytes)")
