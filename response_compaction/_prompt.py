@@ -24,7 +24,6 @@ __all__ = [
     "PROMPT_VERSION",
     "Head",
     "SummaryRequest",
-    "build_request",
     "head_text",
     "prompt_bytes",
     "request_for",
@@ -93,25 +92,6 @@ def head_text(shown: bytes, total_bytes: int) -> str:
     else:
         head = f"The document is {total_bytes} bytes of JSON, shown in full."
     return f"{head}\n\n{text}"
-
-
-def build_request(
-    *,
-    shown: bytes,
-    total_bytes: int,
-    json_schema: dict[str, Any],
-    summary_schema: Any,
-    instructions: str,
-    token_bound: int,
-) -> SummaryRequest:
-    """The head-coverage prompt for a document of ``total_bytes`` whose start is ``shown``."""
-    return request_for(
-        user=head_text(shown, total_bytes),
-        json_schema=json_schema,
-        summary_schema=summary_schema,
-        instructions=instructions,
-        token_bound=token_bound,
-    )
 
 
 def request_for(
