@@ -539,3 +539,53 @@ async def test_budget_ends_while_a_map_waits_and_covered_bytes_stay_honest(
     assert compacted.output.kind == "fallback"
     assert compacted.receipt.covered_bytes is msgspec.UNSET
     assert canonical_bytes(compacted.output.value) == canonical_bytes(FALLBACK)
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("see https://example.com/a/b?x=1.", ["https://example.com/a/b?x=1"]),
+        ('the "checkout service" failed', ["checkout service"]),
+        ("code ERR-1042 and user u42", ["ERR-1042", "u42"]),
+        ("order 48213377 shipped", ["48213377"]),
+        ("1392 ERROR records, 3 levels, 95th percentile 250 ms", []),
+        ("p95 latency", ["p95"]),  # letters and digits: an identifier by the rule
+        ("the user's session isn't 'stuck' now", ["stuck"]),
+    ],
+)
+def test_identifiers_follow_the_documented_rule(text: str, found: list[str]) -> None:
+    """URLs, quoted names, letter+digit codes and long digit runs; never counts or prose."""
+    from response_compaction._grounding import identifiers
+
+    assert list(identifiers(text)) == found
+
+
+def test_profile_walk_is_bounded_and_says_so() -> None:
+    """Past the path bound the profile is marked incomplete instead of growing without end."""
+    from response_compaction._profile import MAX_PATHS, profile_value
+
+    wide = [{f"k{i}": i} for i in range(MAX_PATHS + 10)]
+    assert profile_value({"rows": wide[:10]}, 1).profile.complete is True
+    assert profile_value({f"f{i}": {"x": 1} for i in range(60)}, 1).profile.complete is True
+    profile = profile_value([{f"k{i}": i for i in range(MAP_KEYS_PLUS)} for _ in range(2)], 1)
+    assert profile.profile.complete is True  # a map's keys share one path
+    many = profile_value({f"f{i}": {f"g{j}": j for j in range(40)} for i in range(40)}, 1)
+    assert many.profile.complete is False
+
+
+MAP_KEYS_PLUS = 100
+
+
+def test_sliced_decoding_equals_whole_decoding() -> None:
+    """Decoding the writer's laid-out slices gives the same builtins as one whole decode."""
+    from response_compaction._canonical import Span, iter_canonical
+    from response_compaction._profile import decode_canonical
+
+    value = search(20_000)
+    layout: list[Span] = []
+    data = b"".join(bytes(p) for p in iter_canonical(value, layout=layout))
+    assert layout  # the hits array was laid out in slices
+    assert decode_canonical(data, layout) == msgspec.json.decode(data)
