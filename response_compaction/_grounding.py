@@ -8,7 +8,8 @@ otherwise the summary is ``ungrounded`` and the ladder moves on. An identifier i
 - a quoted name: text between double quotes, backticks or curly quotes, and between single
   quotes standing as quotes (not an apostrophe inside a word), 2 to 80 characters;
 - a code or id: a token of letters, digits and ``_ - . : / #`` that holds both a letter and
-  a digit (``ERR-1042``, ``u42``, ``a3f9c2``), or a run of 6 or more digits.
+  a digit (``ERR-1042``, ``u42``, ``a3f9c2``), or a run of 6 or more digits. A number with
+  an ordinal or unit suffix (``95th``, ``250ms``, ``5MB``) is a measure, not an identifier.
 
 Plain words and short numbers are never checked: counts, averages and prose are a summary's
 job. The false-positive risk (a good summary rejected): a model that reformats an identifier
@@ -36,6 +37,8 @@ _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/#-]*[A-Za-z0-9]|\d{6,}")
 _LETTER = re.compile(r"[A-Za-z]")
 _DIGIT = re.compile(r"\d")
 _TRAILING = ".,;:!?"
+# A number with an ordinal or unit suffix (95th, 250ms, 5MB, 10x) is a measure, not a name.
+_MEASURE = re.compile(r"\d+(?:\.\d+)?(?:st|nd|rd|th|ms|s|m|h|d|k|kb|mb|gb|tb|x)", re.IGNORECASE)
 
 
 def identifiers(text: str) -> Iterator[str]:

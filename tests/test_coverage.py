@@ -551,7 +551,7 @@ async def test_budget_ends_while_a_map_waits_and_covered_bytes_stay_honest(
         ('the "checkout service" failed', ["checkout service"]),
         ("code ERR-1042 and user u42", ["ERR-1042", "u42"]),
         ("order 48213377 shipped", ["48213377"]),
-        ("1392 ERROR records over 3 levels, slowest 250 ms", []),
+        ("1392 ERROR records over 3 levels, 95th percentile 250ms, 5MB", []),
         ("p95 latency", ["p95"]),  # letters and digits: an identifier by the rule
         ("the user's session isn't 'stuck' now", ["stuck"]),
     ],
