@@ -50,9 +50,10 @@ def identifiers(text: str) -> Iterator[str]:
         yield next(g for g in match.groups() if g is not None)
     for match in _TOKEN.finditer(rest):
         token = match.group().rstrip(_TRAILING)
-        if (token.isdigit() and len(token) >= 6) or (
-            _LETTER.search(token) and _DIGIT.search(token)
-        ):
+        if token.isdigit():
+            if len(token) >= 6:
+                yield token
+        elif _LETTER.search(token) and _DIGIT.search(token) and not _MEASURE.fullmatch(token):
             yield token
 
 
