@@ -33,7 +33,7 @@ from ._prompt import (
     request_for,
     system_prompt,
 )
-from ._views import Chunk, View, chunks, covered_bytes, reduce_view, sampled_view
+from ._views import Chunk, View, chunks, covered_bytes, first_half, reduce_view, sampled_view
 
 __all__ = ["LadderResult", "RungReply", "Source", "SummaryModel", "context_limit", "run_ladder"]
 
@@ -328,7 +328,7 @@ async def _full(run: _Run, pv: ProfiledValue, deadline: float) -> FallbackReason
     if pv.profile.exact_bytes <= budget * 6 // 10:  # all of it fits one prompt, profile too
         return await _one_prompt(run)
     planned, _too_big = chunks(pv, budget, run.options.max_model_calls - 1)
-    parts: dict[int, bytes] = {}
+    parts: dict[int, tuple[Chunk, bytes]] = {}
     reason: FallbackReason = "error"
     for route in run.routes:
         map_until = anyio.current_time() + (deadline - anyio.current_time()) * MAP_SHARE
@@ -336,7 +336,7 @@ async def _full(run: _Run, pv: ProfiledValue, deadline: float) -> FallbackReason
             await _map(run, pv, route, planned, parts)
         if not parts or run.calls >= run.options.max_model_calls:
             continue
-        done = [(c, parts[i]) for i, c in enumerate(planned) if i in parts]
+        done = [parts[i] for i in sorted(parts)]
         missing = [c for i, c in enumerate(planned) if i not in parts]
         view = reduce_view(pv, done, missing, budget)
         with _rung_scope(run.options) as scope:
@@ -350,22 +350,40 @@ async def _full(run: _Run, pv: ProfiledValue, deadline: float) -> FallbackReason
 
 
 async def _map(
-    run: _Run, pv: ProfiledValue, route: str, planned: list[Chunk], parts: dict[int, bytes]
+    run: _Run,
+    pv: ProfiledValue,
+    route: str,
+    planned: list[Chunk],
+    parts: dict[int, tuple[Chunk, bytes]],
 ) -> None:
     limiter = anyio.CapacityLimiter(MAP_CONCURRENCY)
 
     async def one(index: int, chunk: Chunk) -> None:
         async with limiter:
-            # Leave one call for the reduce.
-            if run.calls >= run.options.max_model_calls - 1:
-                return
             with _rung_scope(run.options):
-                view = View(chunk.text, covered_bytes(pv, 0, chunk.items))
-                outcome, _, value = await _ask(run, route, view, "map", final=False)
-                if outcome == "ok":
-                    parts[index] = canonical_bytes(value)
+                await _map_one(run, pv, route, index, chunk, parts)
 
     async with anyio.create_task_group() as group:
         for index, chunk in enumerate(planned):
             if index not in parts:
                 group.start_soon(one, index, chunk)
+
+
+async def _map_one(
+    run: _Run,
+    pv: ProfiledValue,
+    route: str,
+    index: int,
+    chunk: Chunk,
+    parts: dict[int, tuple[Chunk, bytes]],
+) -> None:
+    """One map call, and one retry on the first half of its records after an overflow."""
+    call: Literal["map", "retry"] = "map"
+    while run.calls < run.options.max_model_calls - 1:  # one call is kept for the reduce
+        view = View(chunk.text, covered_bytes(pv, 0, chunk.items))
+        outcome, reply, value = await _ask(run, route, view, call, final=False)
+        if outcome == "ok":
+            parts[index] = (chunk, canonical_bytes(value))
+        if call == "retry" or not reply.context_overflow or len(chunk.items) < 2:
+            return
+        chunk, call = first_half(pv, chunk), "retry"

@@ -26,7 +26,15 @@ import msgspec
 
 from ._profile import ProfiledValue, render_profile
 
-__all__ = ["Chunk", "View", "chunks", "covered_bytes", "reduce_view", "sampled_view"]
+__all__ = [
+    "Chunk",
+    "View",
+    "chunks",
+    "covered_bytes",
+    "first_half",
+    "reduce_view",
+    "sampled_view",
+]
 
 _ENCODER = msgspec.json.Encoder(order="sorted")
 _HEAD_ITEMS = 3
@@ -164,7 +172,7 @@ def chunks(pv: ProfiledValue, budget: int, calls: int) -> tuple[list[Chunk], lis
     the chunks and the indices of records too large for any prompt.
     """
     records = pv.records or []
-    n, label = len(records), pv.profile.records
+    n = len(records)
     runs: list[tuple[int, int, list[int], list[bytes]]] = []
     too_big: list[int] = []
     lo, size = 0, 0
@@ -189,17 +197,29 @@ def chunks(pv: ProfiledValue, budget: int, calls: int) -> tuple[list[Chunk], lis
     if len(runs) > calls:
         runs = [runs[k * len(runs) // calls] for k in range(calls)]
     out = [
-        Chunk(
-            lo,
-            hi,
-            tuple(items),
-            f"Part {p + 1} of {len(runs)} of a {pv.profile.exact_bytes}-byte JSON document: "
-            f"records {lo}..{hi - 1} of the {n} records of {label}. Summarize this part only; "
-            "a later step combines the parts.\n\n" + "\n".join(x.decode() for x in body),
-        )
+        _chunk(pv, p, len(runs), lo, hi, items, body)
         for p, (lo, hi, items, body) in enumerate(runs)
     ]
     return out, too_big
+
+
+def _chunk(
+    pv: ProfiledValue, part: int, parts: int, lo: int, hi: int, items: list[int], body: list[bytes]
+) -> Chunk:
+    text = (
+        f"Part {part + 1} of {parts} of a {pv.profile.exact_bytes}-byte JSON document: records "
+        f"{lo}..{hi - 1} of the {pv.profile.record_count} records of {pv.profile.records}. "
+        "Summarize this part only; a later step combines the parts.\n\n"
+    )
+    return Chunk(lo, hi, tuple(items), text + "\n".join(x.decode() for x in body))
+
+
+def first_half(pv: ProfiledValue, chunk: Chunk) -> Chunk:
+    """The chunk's first half of records: the smaller retry after a context overflow."""
+    records = pv.records or []
+    items = list(chunk.items[: max(1, len(chunk.items) // 2)])
+    body = [_line(i, records[i]) for i in items]
+    return _chunk(pv, 0, 1, items[0], items[-1] + 1, items, body)
 
 
 def reduce_view(

@@ -182,7 +182,7 @@ async def test_full_coverage_puts_every_record_of_5mb_in_some_prompt(
     """Full coverage maps every record of a 5 MB response, then reduces, within max_model_calls."""
     value = search(60_000, msg_len=40)
     server.script("m", summary_reply(GOOD))
-    contexts = {"m": 400_000}
+    contexts = {"m": 1_000_000}
     async with harness_for(workspace, server, ["m"], context_tokens=contexts) as harness:
         compacted = await compact(
             harness,
@@ -246,6 +246,30 @@ async def test_full_coverage_reduces_what_arrived_when_the_map_runs_out_of_time(
     assert outcomes[-1] == ("reduce", "ok")
     assert "in no part summary" in user_prompt(server.bodies("m")[-1])
     assert elapsed < 1.5 + 0.05 + 1.0  # setup included; the budget itself held
+
+
+async def test_a_map_call_that_overflows_is_retried_on_half_its_records(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """A map overflow gets one retry on the first half; the reduce says what stayed uncovered."""
+    overflow = Status(400, error={"type": "exceed_context_size_error"})
+    server.script("m", summary_reply(GOOD), overflow, summary_reply(GOOD))
+    async with harness_for(workspace, server, ["m"]) as harness:
+        compacted = await compact(harness, search(2000), coverage="full", max_model_calls=16)
+    assert compacted.output.kind == "summarized"
+    calls = [(a.call, a.outcome) for a in attempts(compacted.receipt)]
+    assert calls.count(("map", "error")) == 1
+    assert calls.count(("retry", "ok")) == 1
+    failed = next(i for i, a in enumerate(attempts(compacted.receipt)) if a.outcome == "error")
+    bodies = server.bodies("m")
+    whole = record_lines(user_prompt(bodies[failed]))
+    retried = next(
+        record_lines(user_prompt(b))
+        for b in bodies[failed + 1 :]
+        if set(record_lines(user_prompt(b))) < set(whole)
+    )
+    assert sorted(retried) == sorted(whole)[: len(whole) // 2]
+    assert "in no part summary" in user_prompt(bodies[-1])
 
 
 # --------------------------------------------------------------------------- fitting the route
