@@ -19,6 +19,8 @@ from typing import Annotated, Any
 import msgspec
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import response_compaction as rc
 from response_compaction._canonical import canonical_bytes
@@ -613,3 +615,34 @@ def test_sliced_decoding_equals_whole_decoding() -> None:
     data = b"".join(bytes(p) for p in iter_canonical(value, layout=layout))
     assert layout  # the hits array was laid out in slices
     assert decode_canonical(data, layout) == msgspec.json.decode(data)
+
+
+_RECORD = st.fixed_dictionaries(
+    {"id": st.integers(0, 10**9), "tag": st.sampled_from(["a", "b", "é", "x" * 50])}
+)
+
+
+@given(
+    records=st.lists(_RECORD, min_size=2, max_size=300),
+    budget=st.integers(4096, 20_000),  # real prompts are >= 13 KB; 4 KB still holds two records
+)
+@settings(max_examples=60, deadline=None)
+def test_sampled_view_shows_whole_records_within_its_budget(
+    records: list[dict[str, Any]], budget: int
+) -> None:
+    """For any records and budget: lines parse as the records, the tail is shown, bytes fit."""
+    from response_compaction._canonical import canonical_bytes as encode
+    from response_compaction._profile import decode_canonical, profile_value
+    from response_compaction._views import sampled_view
+
+    data = encode({"rows": records, "n": len(records)})
+    pv = profile_value(decode_canonical(data), len(data))
+    view = sampled_view(pv, data, budget)
+    assert len(view.text.encode()) <= budget
+    assert 0 < view.covered <= len(data)
+    lines = record_lines(view.text)
+    if view.covered == len(data):
+        return  # shown whole
+    assert len(records) - 1 in lines
+    for index, record in lines.items():
+        assert record == records[index]
