@@ -176,6 +176,12 @@ _CHANGED: dict[str, Any] = {
     "routes": ("m2", "m1"),
     "token_bound": 101,
     "shown_bytes": 2049,
+    "coverage": "full",
+    "context_tokens": (4096,),
+    "schema_dialect": "full",
+    "temperature": 0.5,
+    "max_model_calls": 3,
+    "grounded": ("overview",),
 }
 
 
