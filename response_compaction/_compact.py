@@ -87,7 +87,7 @@ async def response_compact(
     json_schema = {} if llm is None else strict_json_schema(summary_schema)
     value = to_exact_value(exact_response, exact_schema)
     store = await open_store(harness.fs)
-    head = Head.for_options(opts)
+    head = Head.for_options(opts, model=llm is not None)
     layout: list[Span] = []
     stored = await _store_exact(store, value, exact_schema, opts, head, layout)
     exact = _ExactFacts(DIGEST_PREFIX + stored.hex_digest, stored.size, reused=stored.reused)

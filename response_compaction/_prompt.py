@@ -121,13 +121,17 @@ class Head:
         self._size = 0
 
     @classmethod
-    def for_options(cls, options: CompactionOptions[Any]) -> Head:
+    def for_options(cls, options: CompactionOptions[Any], *, model: bool) -> Head:
         """What the summary step may need: all of it, unless only the head is ever shown.
 
         Sampled and full coverage show any part of the value, and grounding and a fallback
-        function read all of it.
+        function read all of it; with no model only a fallback function reads anything.
         """
-        whole = options.coverage != "head" or bool(options.grounded) or callable(options.fallback)
+        if callable(options.fallback):
+            return cls(1 << 62)
+        if not model:
+            return cls(0)
+        whole = options.coverage != "head" or bool(options.grounded)
         return cls(1 << 62 if whole else options.shown_bytes)
 
     def watch(self, pieces: Iterable[bytes | memoryview]) -> Iterator[bytes | memoryview]:
