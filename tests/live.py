@@ -66,6 +66,34 @@ def run(
     return done.returncode == 0 and "summarized" in done.stdout.decode()
 
 
+_BOUNDED = """
+import asyncio, json, os, sys, time
+from typing import Annotated
+import msgspec, openai
+import response_compaction as rc
+
+class Brief(msgspec.Struct):
+    overview: Annotated[str, msgspec.Meta(max_length=300)]
+    critical_facts: Annotated[
+        list[Annotated[str, msgspec.Meta(max_length=120)]], msgspec.Meta(max_length=5)
+    ]
+
+async def main() -> None:
+    model = os.environ["RESPONSE_COMPACTION_MODEL"]
+    document = msgspec.Raw(sys.stdin.buffer.read())
+    async with openai.AsyncOpenAI() as client:
+        catalog = rc.OpenAICatalog(client, {"cheap": [model]}, schema_dialect="full")
+        harness = rc.Harness(fs=rc.LocalWorkspace("bounded-ws"), llm=catalog)
+        options = {"ladder": "cheap", "fallback": Brief(overview="-", critical_facts=[]),
+                   "timeout_ms": int(os.environ["LIVE_TIMEOUT_MS"])}
+        compacted = await rc.response_compact(harness, document, dict, Brief, options)
+    print(compacted.output.kind, msgspec.json.encode(compacted.output.value).decode())
+    print(msgspec.json.encode(compacted.receipt).decode())
+
+asyncio.run(main())
+"""
+
+
 def main() -> int:
     if not os.environ.get("OPENAI_BASE_URL"):
         print("set OPENAI_BASE_URL to an OpenAI-compatible /v1 URL", file=sys.stderr)
@@ -87,6 +115,13 @@ def main() -> int:
         command = [sys.executable, "-m", "response_compaction", "compact", "-"]
         command += ["--root", str(Path(tmp) / "ws"), "--timeout-ms", str(timeout_ms)]
         ok &= run("CLI compact", command, env, tmp, stdin=document)
+        # The same document, a summary schema with length bounds, schema_dialect="full": the
+        # server's grammar then bounds what a small model can write (SmolLM2-135M otherwise
+        # repeats itself to the token bound at temperature 0).
+        bounded = Path(tmp) / "bounded.py"
+        bounded.write_text(_LOGGING + _BOUNDED)
+        live_env = {**env, "LIVE_TIMEOUT_MS": str(timeout_ms)}
+        run("bounded schema, full dialect", [sys.executable, str(bounded)], live_env, tmp, document)
     return 0 if ok else 1
 
 
