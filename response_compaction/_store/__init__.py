@@ -5,7 +5,8 @@ Layout below ``workspace_temp_dir()``::
     response-compaction-v1/        0700, owned by us, never a symlink
         index.sqlite3              one row per entry: digest, size, expiry, last use
         tmp/                       temporary files, renamed into place when verified
-        exact/ab/abcdef...         canonical bytes, named by their sha256
+        key                        the store's secret digest key, 0600 (see _key)
+        exact/ab/abcdef...         canonical bytes, named by their keyed digest
         summary/cd/cdef01...       canonical summary bytes, named by their cache identity
 
 Entries are immutable files written by one algorithm (:meth:`Store.put`): a temporary file
@@ -26,24 +27,25 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 from .._canonical import Span
-from .._errors import map_errors
+from .._digest import digest_of, new_hasher
+from .._errors import StoreError, map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
-from ._index import Index, Row
+from ._index import CorruptRowError, Index, IndexBusy, Row
+from ._key import load_key
 from ._paths import (
     KINDS,
     ROOT_NAME,
@@ -58,12 +60,25 @@ from ._paths import (
     sweep_temps,
     unlink_quietly,
 )
-from ._verify import EntryReport, check_entry, checked_value, read_all, verify_file
+from ._verify import (
+    EntryReport,
+    check_entry,
+    check_trusted,
+    decoded_value,
+    read_all,
+    seal,
+    verify_file,
+)
 
 __all__ = ["KINDS", "ROOT_NAME", "EntryReport", "Kind", "Store", "Stored", "open_store"]
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 _INDEX_ERRORS = "could not use the store index"
+#: How long an operation waits for another process's write lock before giving up. Every wait
+#: is a series of short tries with event-loop checkpoints between them, so a caller's deadline
+#: or cancellation stops it at once.
+LOCK_WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,22 +105,53 @@ async def open_store(fs: Any) -> Store:
     backend = file_backend or current_backend()
     base = os.fspath(fs.workspace_temp_dir())
     with map_errors(f"cannot use the workspace {base!r} for the store"):
-        root = await backend.run(prepare_root, base)
-    return Store(root, clock or time.time, backend)
+        root, key = await backend.run(_prepare, base)
+    return Store(root, clock or time.time, backend, key)
+
+
+def _prepare(base: str) -> tuple[str, bytes]:
+    root = prepare_root(base)
+    return root, load_key(root)
 
 
 class Store:
     """Content-addressed entries under an owned root, with TTL and LRU in an index."""
 
-    def __init__(self, root: str, clock: Clock, backend: FileBackend) -> None:
+    def __init__(self, root: str, clock: Clock, backend: FileBackend, key: bytes) -> None:
         self.root = root
         self.clock = clock
         self._backend = backend
+        self._key = key
+
+    async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, retried while the index is busy.
+
+        Each try waits at most ``BUSY_MS`` inside SQLite; between tries the event loop gets
+        control back, so the caller's cancellation and deadlines are honoured.
+        """
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        delay = 0.001
+        while True:
+            try:
+                return await self._backend.run(fn, *args)
+            except IndexBusy:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        errno.EBUSY,
+                        f"the store index stayed locked by another process for"
+                        f" {LOCK_WAIT_SECONDS:.0f} s",
+                    ) from None
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    def digest_of(self, data: bytes | memoryview) -> str:
+        """The keyed digest of ``data`` under this store's key, as receipts carry it."""
+        return digest_of(self._key, data)
 
     @contextlib.asynccontextmanager
     async def _using_index(self) -> AsyncIterator[Index]:
         with map_errors(_INDEX_ERRORS):
-            index = await self._backend.run(_index.acquire, self.root)
+            index = await self._patiently(_index.acquire, self.root)
         try:
             with map_errors(_INDEX_ERRORS):
                 yield index
@@ -147,11 +193,14 @@ class Store:
                 )
                 now = self.clock()
                 row = Row(
-                    hex_digest, size, now + ttl_seconds, encode_layout(layout) if layout else None
+                    seal(self._key, kind, key or hex_digest, hex_digest),
+                    size,
+                    now + ttl_seconds,
+                    encode_layout(layout) if layout else None,
                 )
                 async with self._using_index() as index:
                     with map_errors(f"could not publish the {kind} value in the store index"):
-                        reused = await backend.run(
+                        reused = await self._patiently(
                             publish,
                             index,
                             temp_name,
@@ -183,7 +232,7 @@ class Store:
         backend = self._backend
         file = await backend.open(temp_name, "xb", opener(tmp_fd, 0o600))
         try:
-            hasher = hashlib.sha256()
+            hasher = new_hasher(self._key)
             size = 0
             for piece in pieces:
                 hasher.update(piece)
@@ -204,6 +253,7 @@ class Store:
             size,
             schema,
             tuple(layout or ()),
+            self._key,
             want_value=size <= size_for_value,
         )
         return hex_digest, size, value
@@ -211,7 +261,10 @@ class Store:
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
         """Read, digest-check and validate one entry; a read counts as a use."""
         async with self._using_index() as index:
-            row = await self._backend.run(index.lookup, kind, key)
+            try:
+                row = await self._patiently(index.lookup, kind, key)
+            except CorruptRowError:
+                return Broken(detail=f"{kind} entry's index row is corrupt")
             now = self.clock()
             if row is None or row.expires_at <= now:
                 return Missing()
@@ -220,12 +273,14 @@ class Store:
             if isinstance(data, (Missing, Broken)):
                 return data
             try:
-                value = await checked_value(
-                    self._backend, data, row.digest, row.size, schema, decode_layout(row.layout)
-                )
+                # The reference (or, for a summary, the sealed row) is the only digest trusted.
+                await self._backend.run(check_trusted, data, kind, key, row.digest, self._key)
+                value = await decoded_value(data, schema, decode_layout(row.layout))
             except ValueError as exc:
                 return Broken(detail=f"{kind} entry does not verify: {exc}")
-            await self._backend.run(index.touch, kind, key, now)
+            # Best-effort and without waiting: a held lock, a full disk or a read-only mount
+            # must not turn an intact entry into an error.
+            await self._backend.run(index.record_use, kind, key, now)
         return Found(value=value)
 
     async def _read_entry(self, kind: Kind, key: str) -> bytes | Missing | Broken:
@@ -239,8 +294,8 @@ class Store:
                 os.close(fan_fd)
         except FileNotFoundError:
             return Missing()  # evicted by another process between lookup and open
-        except NotRegularFileError:
-            return Broken(detail=f"{kind} entry is not a regular file")
+        except NotRegularFileError as exc:
+            return Broken(detail=f"{kind} entry {exc.strerror}; refusing to read it")
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
@@ -254,7 +309,7 @@ class Store:
         """
         now = self.clock()
         async with self._using_index() as index:
-            removed = await self._backend.run(_prune, index, now, max_entries)
+            removed = await self._patiently(_prune, index, now, max_entries)
         # Temp files carry real file times, so their age is judged by the real clock.
         with map_errors("could not sweep the store's temporary files"):
             removed += await self._backend.run(
@@ -265,22 +320,24 @@ class Store:
     async def remove(self, kind: Kind, key: str) -> None:
         """Delete one entry (row and file), e.g. one that ``verify`` found broken."""
         async with self._using_index() as index:
-            await self._backend.run(_remove, index, kind, key)
+            await self._patiently(_remove, index, kind, key)
 
     async def verify(self) -> list[EntryReport]:
         """Re-check every recorded entry's bytes against its digest (not its schema)."""
         now = self.clock()
         async with self._using_index() as index:
-            entries = await self._backend.run(index.entries)
+            entries = await self._patiently(index.entries)
         return [
-            await self._backend.run(check_entry, self.root, entry, entry.expires_at <= now)
+            await self._backend.run(
+                check_entry, self.root, entry, entry.expires_at <= now, self._key
+            )
             for entry in entries
         ]
 
     async def counts(self) -> dict[str, int]:
         """Live entries per kind."""
         async with self._using_index() as index:
-            return await self._backend.run(index.counts, self.clock())
+            return await self._patiently(index.counts, self.clock())
 
 
 # ----------------------------------------------------------------- blocking, in worker threads

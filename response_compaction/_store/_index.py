@@ -4,6 +4,12 @@ Every method blocks; the store calls them through its file backend's worker thre
 happen inside :meth:`Index.transaction`, which holds the database's write lock
 (``BEGIN IMMEDIATE``), so the caller can rename or unlink files under the same lock.
 
+No method waits for a lock for long: a worker thread cannot be cancelled, so a lock held by
+another thread or process raises :class:`IndexBusy` after at most ``BUSY_MS`` and the caller
+retries from the event loop, where the caller's deadline can stop it. Reads go through their
+own connection and never need the write lock (WAL readers do not block on a writer); a read's
+"use" for the LRU order is recorded best-effort (:meth:`Index.record_use`).
+
 Connections are shared per process and root through :func:`acquire` / :func:`release`: an
 index in use is never closed, and at most ``MAX_IDLE_INDEXES`` idle ones stay open.
 """
@@ -12,19 +18,28 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
+import math
 import os
+import re
 import sqlite3
+import stat
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .._errors import UnsafeStoreError
-from ._paths import Kind
+from .._errors import StoreError, UnsafeStoreError
+from ._paths import Kind, valid_name
 
 __all__ = [
+    "BUSY_MS",
     "MAX_IDLE_INDEXES",
+    "CorruptRowError",
     "Entry",
     "Index",
+    "IndexBusy",
+    "IndexReplacedError",
     "Row",
     "Transaction",
     "acquire",
@@ -33,6 +48,14 @@ __all__ = [
 ]
 
 MAX_IDLE_INDEXES = 8
+#: The longest a worker thread waits inside SQLite for a lock before giving the event loop back.
+BUSY_MS = 20
+#: Uses not yet written to the index (the write lock was busy) are kept up to this many.
+_MAX_PENDING_USES = 4096
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_HEX = re.compile(r"[0-9a-f]{64}")
+_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
+_READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
 _EXPIRED_PER_COMMIT = 64
 # Rows per kind are counted by triggers: a count(*) on every commit grew with the store
 # (1.4 ms at 10,000 rows, 14 ms at 100,000).
@@ -53,6 +76,33 @@ _SCHEMA = (
 )
 
 
+class IndexBusy(Exception):  # noqa: N818 - a signal to retry, not an error anyone sees
+    """The write lock is held by another thread or process right now; retry later."""
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc)
+
+
+class IndexReplacedError(StoreError):
+    """``index.sqlite3`` is not the file this connection has open any more."""
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path, follow_symlinks=False)
+    return st.st_dev, st.st_ino
+
+
+class CorruptRowError(ValueError):
+    """An index row whose cells are not what this library writes (types, names, ranges)."""
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 class Row(NamedTuple):
     """What a read needs to know about one entry."""
 
@@ -70,6 +120,19 @@ class Entry(NamedTuple):
     digest: str
     size: int
     expires_at: float
+    corrupt: bool = False
+
+
+def _entry(kind: object, key: object, digest: object, size: object, expires: object) -> Entry:
+    """An :class:`Entry`, or a corrupt one (for verify to report) when a cell is wrong."""
+    if not (isinstance(kind, str) and isinstance(key, str) and valid_name(kind, key)):
+        raise CorruptRowError("index row names no entry")
+    when = _number(expires)
+    if not (isinstance(digest, str) and _HEX.fullmatch(digest)) or when is None:
+        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
+    if not (isinstance(size, int) and size >= 0):
+        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
+    return Entry(kind, key, digest, size, when)  # type: ignore[arg-type]
 
 
 class Transaction:
@@ -83,7 +146,8 @@ class Transaction:
         row = self._conn.execute(
             "SELECT expires_at FROM entries WHERE kind = ? AND key = ?", (kind, key)
         ).fetchone()
-        return row is not None and float(row[0]) > now
+        when = None if row is None else _number(row[0])
+        return when is not None and when > now
 
     def upsert(self, kind: Kind, key: str, row: Row, now: float) -> None:
         """Record ``key`` as just used."""
@@ -121,7 +185,7 @@ class Transaction:
         for kind in kinds:
             counted = self._conn.execute("SELECT n FROM counts WHERE kind = ?", (kind,)).fetchone()
             # The counter includes expired rows not yet deleted, so it only says when to look.
-            if counted is None or counted[0] <= max_entries:
+            if counted is None or (isinstance(counted[0], int) and counted[0] <= max_entries):
                 continue
             found.extend(
                 (kind, key)
@@ -132,6 +196,13 @@ class Transaction:
                 )
             )
         return found
+
+    def touch(self, kind: Kind, key: str, when: float) -> None:
+        """Record a use of ``key`` at ``when`` (never moves its last use backwards)."""
+        self._conn.execute(
+            "UPDATE entries SET last_used = max(last_used, ?) WHERE kind = ? AND key = ?",
+            (when, kind, key),
+        )
 
     def delete(self, kind: Kind, key: str) -> None:
         """Drop one row."""
@@ -145,78 +216,245 @@ class Transaction:
 
 
 class Index:
-    """One connection to one root's ``index.sqlite3``."""
+    """One root's ``index.sqlite3``: a writer connection and a reader connection."""
 
     def __init__(self, root: str) -> None:
         self.root = root
+        self.read_only = False
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._pending: dict[tuple[Kind, str], float] = {}
         path = os.path.join(root, "index.sqlite3")
-        if os.path.islink(path):
-            raise UnsafeStoreError("store index is a symlink", path)
-        self._conn = sqlite3.connect(
-            path, timeout=60, isolation_level=None, check_same_thread=False
-        )
+        _own_files(path)
         try:
-            # The data file and its directory are fsynced; FULL makes the row as durable.
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            # One writer at a time creates the schema, so concurrent first opens agree.
-            with self.transaction():
-                for statement in _SCHEMA:
-                    self._conn.execute(statement)
-            os.chmod(path, 0o600)
+            self._conn = _connect(path)
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise IndexBusy from exc
+            if getattr(exc, "sqlite_errorcode", None) not in _READONLY_CODES:
+                raise
+            # A read-only mount: reads and verify still work, writes raise.
+            self._conn = _connect_read_only(path)
+            self.read_only = True
+        self.path = path
+        try:
+            self._identity = _identity(path)
+            self._reader = self._conn if self.read_only else _connect(path, schema=False)
         except BaseException:
             self._conn.close()
             raise
 
+    def is_current(self) -> bool:
+        """Whether ``index.sqlite3`` is still the file this index opened (not removed, replaced)."""
+        try:
+            return _identity(self.path) == self._identity
+        except FileNotFoundError:
+            return False
+
+    def _check_current(self) -> None:
+        if not self.is_current():
+            raise IndexReplacedError(
+                "the store index was removed or replaced while this process used it;"
+                " nothing was recorded, and the next call reopens it"
+            )
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Transaction]:
-        """Hold the write lock; commit on success, roll back on any exception."""
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+        """Hold the write lock; commit on success, roll back on any exception.
+
+        Raises :class:`IndexBusy` (before anything was done) when the lock is not free, and
+        :class:`IndexReplacedError` when ``index.sqlite3`` is no longer the file this
+        connection writes to: rows committed to an orphan would be receipts no other process
+        can honour. Checked once the lock is held and again just before the commit.
+        """
+        if self.read_only:
+            raise sqlite3.OperationalError("the store index is on a read-only file system")
+        if not self._lock.acquire(timeout=BUSY_MS / 1000):
+            raise IndexBusy
+        try:
             try:
-                yield Transaction(self._conn)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if _busy(exc):
+                    raise IndexBusy from exc
                 raise
-            self._conn.execute("COMMIT")
+            try:
+                self._check_current()
+                tx = Transaction(self._conn)
+                self._flush_uses(tx)
+                yield tx
+                self._check_current()
+                self._conn.execute("COMMIT")
+            except BaseException:
+                # SQLite may have rolled back already (a full disk during COMMIT does): a
+                # second ROLLBACK would replace the real error with "no transaction is active".
+                if self._conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
+                raise
+        finally:
+            self._lock.release()
+
+    def _flush_uses(self, tx: Transaction) -> None:
+        pending, self._pending = self._pending, {}
+        for (kind, key), when in pending.items():
+            tx.touch(kind, key, when)
+
+    def record_use(self, kind: Kind, key: str, now: float) -> None:
+        """Count a read as a use, best-effort: never waits for the write lock, never raises.
+
+        A use that cannot be written now is kept and written by this process's next write;
+        losing some only changes which entry the LRU bound evicts first.
+        """
+        if self.read_only:
+            return
+        if len(self._pending) >= _MAX_PENDING_USES:
+            self._pending.pop(next(iter(self._pending)))
+        self._pending[(kind, key)] = max(now, self._pending.get((kind, key), now))
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._flush_uses(Transaction(self._conn))
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
+        except (sqlite3.Error, OSError):
+            pass  # busy, full or read-only: the use is kept for the next write, or lost
+        finally:
+            self._lock.release()
+
+    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        if not self._read_lock.acquire(timeout=BUSY_MS / 1000):
+            raise IndexBusy
+        try:
+            return self._reader.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise IndexBusy from exc
+            raise
+        finally:
+            self._read_lock.release()
 
     def lookup(self, kind: Kind, key: str) -> Row | None:
         """The row of ``key``, expired or not."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT digest, size, expires_at, layout FROM entries WHERE kind = ? AND key = ?",
-                (kind, key),
-            ).fetchone()
-        return None if row is None else Row(str(row[0]), int(row[1]), float(row[2]), row[3])
-
-    def touch(self, kind: Kind, key: str, now: float) -> None:
-        """Count a read as a use."""
-        with self._lock:
-            self._conn.execute(
-                "UPDATE entries SET last_used = max(last_used, ?) WHERE kind = ? AND key = ?",
-                (now, kind, key),
-            )
+        rows = self._read(
+            "SELECT digest, size, expires_at, layout FROM entries WHERE kind = ? AND key = ?",
+            (kind, key),
+        )
+        if not rows:
+            return None
+        digest, size, expires_at, layout = rows[0]
+        when = _number(expires_at)
+        if (
+            not (isinstance(digest, str) and _HEX.fullmatch(digest))
+            or not (isinstance(size, int) and size >= 0)
+            or when is None
+            or not (layout is None or isinstance(layout, bytes))
+        ):
+            raise CorruptRowError("the index row of this entry is corrupt")
+        return Row(digest, size, when, layout)
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""
-        with self._lock:
-            rows = self._conn.execute("SELECT kind, key, digest, size, expires_at FROM entries")
-            return [Entry(*row) for row in rows]
+        rows = self._read("SELECT kind, key, digest, size, expires_at FROM entries")
+        entries = []
+        for row in rows:
+            with contextlib.suppress(CorruptRowError):  # a row naming no entry has no file
+                entries.append(_entry(*row))
+        return entries
 
     def counts(self, now: float) -> dict[str, int]:
         """Live entries per kind."""
-        with self._lock:
-            return {
-                str(kind): int(n)
-                for kind, n in self._conn.execute(
-                    "SELECT kind, count(*) FROM entries WHERE expires_at > ? GROUP BY kind", (now,)
-                )
-            }
+        rows = self._read(
+            "SELECT kind, count(*) FROM entries WHERE expires_at > ? GROUP BY kind", (now,)
+        )
+        return {str(kind): int(n) for kind, n in rows if isinstance(n, int)}
 
     def close(self) -> None:
-        """Close the connection (only :func:`release` calls this, once nobody uses it)."""
+        """Close the connections (only :func:`release` calls this, once nobody uses it)."""
+        if self._reader is not self._conn:
+            self._reader.close()
         self._conn.close()
+
+
+def _own_files(path: str) -> None:
+    """Make sure the index and its -wal/-shm are private regular files of ours, one link each.
+
+    The index is created here, 0600, before SQLite opens it: SQLite gives the -wal and -shm it
+    creates the database file's mode, and a database it creates itself gets 0644 (or 0666
+    under umask 0). A hard link (into another database) or another owner is refused; a mode
+    left open by an older build is narrowed.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600))
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeStoreError("store index is a symlink", name) from exc
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise UnsafeStoreError("store index is not a regular file of ours", name)
+            if st.st_nlink != 1:
+                raise UnsafeStoreError("store index has other hard links", name)
+            if st.st_mode & 0o077:
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+
+
+def _connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        path, timeout=BUSY_MS / 1000, isolation_level=None, check_same_thread=False
+    )
+    try:
+        # The data file and its directory are fsynced; FULL makes the row as durable.
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        if (
+            schema
+            and not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'counts'").fetchone()
+        ):
+            # One writer at a time creates the schema, so concurrent first opens agree.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect_read_only(path: str) -> sqlite3.Connection:
+    uri = "file:" + urllib.parse.quote(path) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        conn.execute("SELECT 1 FROM entries LIMIT 1").fetchall()
+    except sqlite3.OperationalError:
+        # WAL needs its -shm file; on a read-only mount nobody can change the database.
+        conn = sqlite3.connect(
+            uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False
+        )
+    return conn
 
 
 class _Slot:
@@ -229,19 +467,36 @@ class _Slot:
 
 # One connection per process and root, reopened after fork. Insertion order is recency.
 _open: collections.OrderedDict[tuple[int, str], _Slot] = collections.OrderedDict()
+# Indexes whose file was removed or replaced, still in use: closed when their last user leaves.
+_retired: dict[int, _Slot] = {}
 _open_lock = threading.Lock()
 
 
 def acquire(root: str) -> Index:
-    """The shared index of ``root``, opened if needed; pair every call with :func:`release`."""
+    """The shared index of ``root``, opened if needed; pair every call with :func:`release`.
+
+    An index whose file was removed or replaced since it was opened is retired and a fresh
+    one opened, so a process never goes on writing to an orphan.
+    """
     key = (os.getpid(), root)
     with _open_lock:
         slot = _open.get(key)
+        if slot is not None and not slot.index.is_current():
+            del _open[key]
+            _retire(slot)
+            slot = None
         if slot is None:
             slot = _open[key] = _Slot(Index(root))
         _open.move_to_end(key)
         slot.users += 1
         return slot.index
+
+
+def _retire(slot: _Slot) -> None:
+    if slot.users == 0:
+        slot.index.close()
+    else:
+        _retired[id(slot.index)] = slot
 
 
 def release(index: Index) -> None:
@@ -250,6 +505,11 @@ def release(index: Index) -> None:
         slot = _open.get((os.getpid(), index.root))
         if slot is not None and slot.index is index:
             slot.users -= 1
+        elif (retired := _retired.get(id(index))) is not None:
+            retired.users -= 1
+            if retired.users == 0:
+                del _retired[id(index)]
+                index.close()
         idle = [key for key, slot in _open.items() if slot.users == 0]
         for key in idle[: max(0, len(idle) - MAX_IDLE_INDEXES)]:
             _open.pop(key).index.close()

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 import stat
 import threading
 import time
@@ -27,6 +28,8 @@ __all__ = [
     "Dirs",
     "Kind",
     "NotRegularFileError",
+    "check_ancestors",
+    "fsync_parent",
     "open_dir",
     "open_fanout",
     "opener",
@@ -34,6 +37,7 @@ __all__ = [
     "regular_opener",
     "sweep_temps",
     "unlink_quietly",
+    "valid_name",
 ]
 
 ROOT_NAME = "response-compaction-v1"
@@ -41,10 +45,21 @@ Kind = Literal["exact", "summary"]
 KINDS: tuple[Kind, ...] = ("exact", "summary")
 #: Temporary files older than this were left by a process that died mid-write.
 STALE_TEMP_SECONDS = 3600.0
+# What unlink/rename report when a directory sits at the target name.
+_NOT_A_FILE = frozenset({errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.EPERM})
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def valid_name(kind: str, key: str) -> bool:
+    """Whether ``(kind, key)`` (e.g. read back from the index) names an entry.
+
+    Every path below the root is built from these two; a row rewritten to hold ``..`` or a
+    slash must never steer an unlink or a read outside the store.
+    """
+    return kind in KINDS and _HEX_KEY.fullmatch(key) is not None
 
 
 def _check_dir(fd: int, path: str) -> None:
@@ -55,11 +70,33 @@ def _check_dir(fd: int, path: str) -> None:
         raise UnsafeStoreError("store directory is writable by group or others", path)
 
 
+def fsync_parent(path: str, dir_fd: int | None = None) -> None:
+    """Make a new name in ``path``'s parent durable (after mkdir, rename, link)."""
+    if dir_fd is not None and os.sep not in path:
+        os.fsync(dir_fd)
+        return
+    # A workspace ancestor may be a symlink of ours (check_ancestors vetted it): follow it.
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    parent = os.open(os.path.dirname(os.path.abspath(path)), flags, dir_fd=dir_fd)
+    try:
+        os.fsync(parent)
+    finally:
+        os.close(parent)
+
+
 def open_dir(path: str, create: bool, dir_fd: int | None = None) -> int:
-    """Open (creating 0700 if asked) a directory we own, refusing symlinks and shared modes."""
+    """Open (creating 0700 if asked) a directory we own, refusing symlinks and shared modes.
+
+    A directory it creates is made durable in its parent at once: a fan-out directory lost in
+    a crash would take the fsynced entries below it along.
+    """
     if create:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(path, 0o700, dir_fd=dir_fd)
+        except FileExistsError:
+            pass
+        else:
+            fsync_parent(path, dir_fd)
     try:
         fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -74,13 +111,63 @@ def open_dir(path: str, create: bool, dir_fd: int | None = None) -> int:
     return fd
 
 
+def make_dirs(path: str) -> None:
+    """``os.makedirs`` with every directory it creates 0700 and durable in its parent.
+
+    (``os.makedirs`` gives intermediate directories 0777 less the umask: 0777 under umask 0.)
+    """
+    path = os.path.abspath(path)
+    missing: list[str] = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue
+        fsync_parent(directory)
+
+
 _swept: set[tuple[int, str]] = set()
 _swept_lock = threading.Lock()
 
 
+def check_ancestors(base: str) -> None:
+    """Refuse a workspace another user could redirect (raise :class:`UnsafeStoreError`).
+
+    The rule (like OpenSSH's StrictModes): every existing directory on the way to ``base``,
+    both as written and after resolving links, must be owned by us or root and not writable
+    by group or others unless it has the sticky bit (``/tmp``); every symlink on the way must
+    be owned by us or root. Anyone else could rename or replace a component and so move the
+    store, or plant one where it is about to be created.
+    """
+    trusted = {0, os.geteuid()}
+    for path in (os.path.abspath(base), os.path.realpath(base)):
+        prefix = os.sep
+        for part in path.split(os.sep):
+            prefix = os.path.join(prefix, part)
+            try:
+                st = os.lstat(prefix)
+            except FileNotFoundError:
+                break  # the rest is created by us, 0700
+            if st.st_uid not in trusted:
+                raise UnsafeStoreError("a workspace ancestor is owned by another user", prefix)
+            shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            if stat.S_ISDIR(st.st_mode) and shared and not st.st_mode & stat.S_ISVTX:
+                raise UnsafeStoreError(
+                    "a workspace ancestor is writable by group or others without the sticky bit",
+                    prefix,
+                )
+
+
 def prepare_root(base: str) -> str:
     """Create and check the owned root below ``base``; sweep stale temps once per process."""
-    os.makedirs(base, mode=0o700, exist_ok=True)
+    check_ancestors(base)
+    make_dirs(base)
     root = os.path.join(os.path.abspath(base), ROOT_NAME)
     root_fd = open_dir(root, create=True)
     try:
@@ -97,17 +184,27 @@ def prepare_root(base: str) -> str:
 
 
 def sweep_temps(root: str, older_than: float) -> int:
-    """Remove temporary files left by writers that died; return how many."""
+    """Remove temporary files left by writers that died; return how many.
+
+    Only regular files and symlinks are removed. Anything else (a directory, a socket) was not
+    made by a writer; it is left alone and never stops the sweep or the process.
+    """
     removed = 0
     tmp_fd = open_dir(os.path.join(root, "tmp"), create=False)
     try:
         for name in os.listdir(tmp_fd):
             try:
                 st = os.stat(name, dir_fd=tmp_fd, follow_symlinks=False)
-                if st.st_mtime < older_than:
+                if st.st_mtime >= older_than:
+                    continue
+                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                     os.unlink(name, dir_fd=tmp_fd)
                     removed += 1
-            except FileNotFoundError:
+                elif stat.S_ISDIR(st.st_mode):
+                    with contextlib.suppress(OSError):  # only an empty one
+                        os.rmdir(name, dir_fd=tmp_fd)
+                        removed += 1
+            except (FileNotFoundError, IsADirectoryError, PermissionError):
                 continue
     finally:
         os.close(tmp_fd)
@@ -134,6 +231,8 @@ class Dirs:
 
     def fanout(self, kind: Kind, key: str) -> int:
         """The fd of ``key``'s fan-out directory (created if missing), kept for this operation."""
+        if kind not in KINDS or not _FANOUT.fullmatch(key[:2]):
+            raise UnsafeStoreError("the store index names no entry", self.root)
         slot = (kind, key[:2])
         if slot not in self._fans:
             kind_fd = open_dir(kind, create=True, dir_fd=self.root_fd)
@@ -144,15 +243,42 @@ class Dirs:
         return self._fans[slot]
 
     def publish(self, temp_name: str, kind: Kind, key: str) -> None:
-        """Rename a verified temp file into place and make the rename durable."""
+        """Rename a verified temp file into place and make the rename durable.
+
+        A directory where the entry belongs (which ``rename`` cannot replace) is moved aside
+        first, so no planted object makes a value permanently uncompactable.
+        """
         fan_fd = self.fanout(kind, key)
-        os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
+        try:
+            os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
+        except OSError as exc:
+            if exc.errno not in _NOT_A_FILE:
+                raise
+            self._displace(fan_fd, key)
+            os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
         os.fsync(fan_fd)
 
     def unlink(self, kind: Kind, key: str) -> None:
-        """Remove one entry's file if it is there."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(key, dir_fd=self.fanout(kind, key))
+        """Remove one entry (whatever sits at its name) if it is there."""
+        if not valid_name(kind, key):
+            return  # a corrupt row: it names no file, dropping the row is all there is to do
+        fan_fd = self.fanout(kind, key)
+        try:
+            os.unlink(key, dir_fd=fan_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno not in _NOT_A_FILE:
+                raise
+            self._displace(fan_fd, key)
+
+    def _displace(self, fan_fd: int, key: str) -> None:
+        """Remove a directory at an entry's name: rmdir if empty, else move it into ``tmp/``."""
+        try:
+            os.rmdir(key, dir_fd=fan_fd)
+        except OSError:
+            aside = f"{secrets.token_hex(12)}.displaced"
+            os.rename(key, aside, src_dir_fd=fan_fd, dst_dir_fd=self.tmp)
 
     def entry_files(self, kind: Kind) -> Iterator[str]:
         """Names of the entry files of ``kind``, whatever the index says."""
@@ -177,19 +303,36 @@ def opener(dir_fd: int | None, mode: int) -> Callable[[str, int], int]:
 
 
 class NotRegularFileError(OSError):
-    """Something other than a regular file sits where an entry should be."""
+    """Something other than a regular file of its own sits where an entry should be."""
 
 
 def regular_opener(dir_fd: int | None) -> Callable[[str, int], int]:
-    """Like :func:`opener`, and refuses anything but a regular file."""
+    """Like :func:`opener`, and refuses anything but a regular file with a single link.
+
+    A second link means the inode is shared with a file outside the store's control (or
+    another entry): reading it would report facts about a foreign file, so it is not read.
+    """
 
     # O_NONBLOCK so a FIFO planted in the store cannot hang the open; it changes nothing for
     # the regular files we then insist on.
     def open_(path: str, flags: int) -> int:
-        fd = os.open(path, flags | FILE_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        try:
+            fd = os.open(path, flags | FILE_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP, errno.ENODEV):  # a socket, a device
+                raise NotRegularFileError(errno.EINVAL, "is not a regular file", path) from exc
+            raise
+        st = os.fstat(fd)
+        problem = (
+            "is not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else "has other hard links"
+            if st.st_nlink != 1
+            else ""
+        )
+        if problem:
             os.close(fd)
-            raise NotRegularFileError(errno.EINVAL, "not a regular file", path)
+            raise NotRegularFileError(errno.EINVAL, problem, path)
         return fd
 
     return open_
@@ -197,6 +340,8 @@ def regular_opener(dir_fd: int | None) -> Callable[[str, int], int]:
 
 def open_fanout(root: str, kind: Kind, key: str) -> int:
     """The fan-out directory of ``key``, every component checked and opened without links."""
+    if not valid_name(kind, key):
+        raise UnsafeStoreError("not an entry name", root)
     root_fd = open_dir(root, create=False)
     try:
         kind_fd = open_dir(kind, create=False, dir_fd=root_fd)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-import hashlib
+import hmac
 import os
 import pickle
 import sys
@@ -15,13 +15,22 @@ import anyio.lowlevel
 import anyio.to_process
 
 from .._canonical import Span, decode_exact
+from .._digest import digest_hex, matches
 from .._perf import paused_gc
 from .._slices import decode_sliced
 from ._fileio import FileBackend
 from ._index import Entry
 from ._paths import FILE_FLAGS, Kind, open_fanout, regular_opener
 
-__all__ = ["EntryReport", "check_bytes", "check_entry", "checked_value", "verify_file"]
+__all__ = [
+    "EntryReport",
+    "check_digest",
+    "check_entry",
+    "check_trusted",
+    "decoded_value",
+    "seal",
+    "verify_file",
+]
 
 #: Verifying more bytes than this runs in a worker process: msgspec holds the GIL while it
 #: decodes, and a thread would freeze the caller's event loop for the whole decode.
@@ -42,13 +51,37 @@ class EntryReport:
     detail: str = ""
 
 
-def check_bytes(data: bytes, hex_digest: str, size: int) -> None:
-    """Raise ``ValueError`` unless ``data`` is ``size`` bytes hashing to ``hex_digest``."""
+def check_digest(data: bytes, hex_digest: str, size: int, key: bytes) -> None:
+    """Raise ``ValueError`` unless ``data`` is ``size`` bytes with keyed digest ``hex_digest``."""
+    # Says what failed, never facts (a size, a digest) about the bytes found on disk: they
+    # may be a foreign file's, and a digest would be an oracle for the store's key.
     if len(data) != size:
-        raise ValueError(f"truncated or padded: {len(data)} bytes on disk, {size} recorded")
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != hex_digest:
-        raise ValueError(f"bytes hash to sha256:{actual}, expected sha256:{hex_digest}")
+        raise ValueError("the bytes read back are not as long as those written")
+    if not matches(key, data, hex_digest):
+        raise ValueError("the bytes read back do not match their digest")
+
+
+def seal(secret: bytes, kind: Kind, key: str, content_hex: str) -> str:
+    """What the index records as an entry's digest, and what a read trusts.
+
+    An exact entry is named by its keyed digest, so its key is the only digest a read trusts
+    and the row's copy is never consulted. A summary is named by its cache key, which says
+    nothing about its bytes; its row holds HMAC-SHA256 under the store's key of (kind, key,
+    keyed digest of the bytes). Rewriting a summary and its row takes that key.
+    """
+    if kind == "exact":
+        return content_hex
+    message = f"{kind}\0{key}\0{content_hex}".encode()
+    return hmac.new(secret, message, "sha256").hexdigest()
+
+
+def check_trusted(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
+    """Raise ``ValueError`` unless ``data`` is what ``key`` names (exact) or was sealed to it."""
+    if kind == "exact":
+        if not matches(secret, data, key):
+            raise ValueError("the bytes do not hash to the reference")
+    elif not hmac.compare_digest(seal(secret, kind, key, digest_hex(secret, data)), recorded):
+        raise ValueError("the bytes are not those sealed to this key")
 
 
 async def read_all(backend: FileBackend, path: str, dir_fd: int | None = None) -> bytes:
@@ -61,17 +94,9 @@ async def read_all(backend: FileBackend, path: str, dir_fd: int | None = None) -
             await file.close()
 
 
-async def checked_value(
-    backend: FileBackend,
-    data: bytes,
-    hex_digest: str,
-    size: int,
-    schema: Any,
-    spans: tuple[Span, ...],
-) -> Any:
-    """Digest-check ``data`` off the loop, then decode it, in slices when it is large."""
-    await backend.run(check_bytes, data, hex_digest, size)
-    if size < GC_PAUSE_BYTES:
+async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> Any:
+    """Decode digest-checked ``data``, in slices when it is large."""
+    if len(data) < GC_PAUSE_BYTES:
         return decode_exact(data, schema)
     with paused_gc():
         return await decode_sliced(data, schema, spans, anyio.lowlevel.checkpoint)
@@ -84,6 +109,7 @@ async def verify_file(
     size: int,
     schema: Any,
     spans: tuple[Span, ...],
+    key: bytes,
     *,
     want_value: bool,
 ) -> Any:
@@ -95,7 +121,7 @@ async def verify_file(
     if size >= PROCESS_VERIFY_BYTES and not want_value and _worker_can_load(schema):
         try:
             problem = await anyio.to_process.run_sync(
-                _verify_in_worker, path, hex_digest, size, schema, cancellable=True
+                _verify_in_worker, path, hex_digest, size, schema, key, cancellable=True
             )
         except (anyio.BrokenWorkerProcess, ImportError, AttributeError, pickle.PickleError):
             pass  # the worker could not load the schema: verify here instead
@@ -104,11 +130,12 @@ async def verify_file(
                 raise ValueError(problem)
             return None
     data = await read_all(backend, path)
-    value = await checked_value(backend, data, hex_digest, size, schema, spans)
+    await backend.run(check_digest, data, hex_digest, size, key)
+    value = await decoded_value(data, schema, spans)
     return value if want_value else None
 
 
-def _verify_in_worker(path: str, hex_digest: str, size: int, schema: Any) -> str | None:
+def _verify_in_worker(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> str | None:
     """Runs in a worker process: read the file back and verify it, GC off (we own the process).
 
     Returns what is wrong, or None; raising is kept for "this worker could not do the job".
@@ -118,7 +145,7 @@ def _verify_in_worker(path: str, hex_digest: str, size: int, schema: Any) -> str
         data = file.readall()
     gc.disable()
     try:
-        check_bytes(data, hex_digest, size)
+        check_digest(data, hex_digest, size, key)
         decode_exact(data, schema)
     except ValueError as exc:
         return str(exc)
@@ -139,9 +166,11 @@ def _worker_can_load(schema: Any) -> bool:
     return True
 
 
-def check_entry(root: str, entry: Entry, expired: bool) -> EntryReport:
-    """Blocking: re-check one recorded entry's bytes against its digest (not its schema)."""
+def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
+    """Blocking: re-check one entry's bytes against its trusted digest (not its schema)."""
     kind, key, size = entry.kind, entry.key, entry.size
+    if entry.corrupt:
+        return EntryReport(kind, key, "broken", size, "its index row is corrupt")
     try:
         fan_fd = open_fanout(root, kind, key)
         try:
@@ -151,11 +180,12 @@ def check_entry(root: str, entry: Entry, expired: bool) -> EntryReport:
     except FileNotFoundError:
         return EntryReport(kind, key, "missing", size)
     except OSError as exc:
-        return EntryReport(kind, key, "broken", size, f"cannot open: {exc.strerror or exc}")
+        reason = exc.strerror or type(exc).__name__
+        return EntryReport(kind, key, "broken", size, f"cannot open: {reason}")
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
     try:
-        check_bytes(data, entry.digest, size)
+        check_trusted(data, kind, key, entry.digest, secret)
     except ValueError as exc:
         return EntryReport(kind, key, "broken", size, str(exc))
     return EntryReport(kind, key, "expired" if expired else "found", size)
