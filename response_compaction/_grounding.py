@@ -8,11 +8,13 @@ otherwise the summary is ``ungrounded`` and the ladder moves on. An identifier i
 - a quoted name: text between double quotes, backticks or curly quotes, and between single
   quotes standing as quotes (not an apostrophe inside a word), 2 to 80 characters;
 - a code or id: a token of letters, digits and ``_ - . : / #`` that holds both a letter and
-  a digit (``ERR-1042``, ``u42``, ``a3f9c2``), or a run of 6 or more digits. A number with
-  an ordinal or unit suffix (``95th``, ``250ms``, ``5MB``) is a measure, not an identifier.
+  a digit (``ERR-1042``, ``u42``, ``a3f9c2``), or a token of 6 or more digits, alone or
+  joined by separators (``48213377``, ``2018-08-28``, ``14:22:52.143``). A number with an
+  ordinal or unit suffix (``95th``, ``250ms``, ``5MB``) is a measure, not an identifier.
 
 Plain words and short numbers are never checked: counts, averages and prose are a summary's
-job. The false-positive risk (a good summary rejected): a model that reformats an identifier
+job (but a computed figure with 6 or more digits, like ``12345.678``, is checked). The
+false-positive risk (a good summary rejected): a model that reformats an identifier
 (``ERR 1042`` for ``ERR-1042``, a date written another way, changed case, a URL with a
 trailing slash added), quotes a paraphrase instead of the data's text, or names something
 only the caller's instructions contain. Ground only fields meant to carry names copied from
@@ -50,8 +52,10 @@ def identifiers(text: str) -> Iterator[str]:
         yield next(g for g in match.groups() if g is not None)
     for match in _TOKEN.finditer(rest):
         token = match.group().rstrip(_TRAILING)
-        if token.isdigit():
-            if len(token) >= 6:
+        if not _LETTER.search(token):
+            # Digits alone or joined by separators: an id, date, time or version once it
+            # holds 6 digits; a shorter number is a count or a measure.
+            if sum(c.isdigit() for c in token) >= 6:
                 yield token
         elif _LETTER.search(token) and _DIGIT.search(token) and not _MEASURE.fullmatch(token):
             yield token

@@ -577,6 +577,7 @@ async def test_budget_ends_while_a_map_waits_and_covered_bytes_stay_honest(
         ('the "checkout service" failed', ["checkout service"]),
         ("code ERR-1042 and user u42", ["ERR-1042", "u42"]),
         ("order 48213377 shipped", ["48213377"]),
+        ("at 2018-08-28 14:22:52.143", ["2018-08-28", "14:22:52.143"]),
         ("1392 ERROR records over 3 levels, 95th percentile 250ms, 5MB", []),
         ("p95 latency", ["p95"]),  # letters and digits: an identifier by the rule
         ("the user's session isn't 'stuck' now", ["stuck"]),
