@@ -31,8 +31,10 @@ from ._models import Missing as Missing
 from ._models import Receipt as Receipt
 from ._models import SummarizedOutput as SummarizedOutput
 from ._openai import OpenAICatalog as OpenAICatalog
+from ._part import Part as Part
 from ._profile import Profile as Profile
 from ._prompt import SummaryRequest as SummaryRequest
+from ._read import response_compaction_read_part as response_compaction_read_part
 
 __all__ = (
     "Attempt",
@@ -47,6 +49,7 @@ __all__ = (
     "LocalWorkspace",
     "Missing",
     "OpenAICatalog",
+    "Part",
     "Profile",
     "Receipt",
     "RungReply",
@@ -59,6 +62,7 @@ __all__ = (
     "Workspace",
     "response_compact",
     "response_compaction_read_exact",
+    "response_compaction_read_part",
 )
 
 
