@@ -16,10 +16,13 @@ fsynced, and the row upserted. TTL and LRU live in the index, not in file times 
 noatime make atime useless, and a read must count as a use). Eviction deletes the row and the
 file under the same lock, so a writer never has its fresh entry unlinked, and fan-out
 directories are never removed. A reader that finds the row but not the file (a concurrent
-eviction) reports ``Missing``; any byte that does not hash to the recorded digest is ``Broken``.
+eviction) reports ``Missing``; any byte that does not hash to the reference (or, for a
+summary, is not sealed to its key) is ``Broken``: the index is a hint, never trusted for data.
 
-Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (SQL only),
-``_verify`` (size, digest and schema checks), ``_fileio`` (the per-event-loop file seam).
+Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (the connection
+registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
+safely), ``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store key),
+``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop file seam).
 This module puts them together; nothing below it imports it.
 """
 
@@ -43,7 +46,7 @@ from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
-from ._fileio import AsyncBinaryFile, FileBackend, current_backend
+from ._fileio import FileBackend, current_backend, write_all
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._key import load_key
 from ._paths import (
@@ -237,7 +240,7 @@ class Store:
             for piece in pieces:
                 hasher.update(piece)
                 size += len(piece)
-                await _write_all(file, piece)
+                await write_all(file, piece)
             await backend.run(os.fsync, file.fileno())
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
@@ -260,13 +263,15 @@ class Store:
 
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
         """Read, digest-check and validate one entry; a read counts as a use."""
+        now = self.clock()
         async with self._using_index() as index:
             try:
-                row = await self._patiently(index.lookup, kind, key)
+                row = await self._patiently(index.lookup, kind, key, now)
             except CorruptRowError:
                 return Broken(detail=f"{kind} entry's index row is corrupt")
-            now = self.clock()
-            if row is None or row.expires_at <= now:
+            # Expired by this clock, or by the time other clocks already witnessed (_clocks):
+            # a clock that went backwards does not revive an entry.
+            if row is None or row.expires_at <= max(now, row.attested):
                 return Missing()
             with map_errors(f"could not read the {kind} entry"):
                 data = await self._read_entry(kind, key)
@@ -351,6 +356,7 @@ def publish(
     Returns whether ``key`` was live before.
     """
     with index.transaction() as tx, Dirs(index.root) as dirs:
+        tx.saw(now)
         reused = tx.is_live(kind, key, now)
         dirs.publish(temp_name, kind, key)
         tx.upsert(kind, key, row, now)
@@ -363,6 +369,7 @@ def publish(
 
 def _prune(index: Index, now: float, max_entries: int | None) -> int:
     with index.transaction() as tx, Dirs(index.root) as dirs:
+        tx.saw(now)
         victims = tx.victims(KINDS, now, max_entries)
         for kind, key in victims:
             tx.delete(kind, key)
@@ -384,12 +391,3 @@ def _remove(index: Index, kind: Kind, key: str) -> None:
     with index.transaction() as tx, Dirs(index.root) as dirs:
         tx.delete(kind, key)
         dirs.unlink(kind, key)
-
-
-async def _write_all(file: AsyncBinaryFile, piece: bytes | memoryview) -> None:
-    view = memoryview(piece).cast("B")
-    while view:
-        written = await file.write(view)
-        if written <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        view = view[written:]

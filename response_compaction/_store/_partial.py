@@ -57,13 +57,14 @@ async def get_checked(
     8 MiB or more without a layout goes to ``whole_work(bytes)`` (picklable) in a worker
     process instead. A read is a use. Part of the store package: it uses the store's privates.
     """
+    now = store.clock()
     async with store._using_index() as index:
         try:
-            row = await store._patiently(index.lookup, kind, key)
+            row = await store._patiently(index.lookup, kind, key, now)
         except CorruptRowError:
             return Broken(detail=f"{kind} entry's index row is corrupt")
-        now = store.clock()
-        if row is None or row.expires_at <= now:
+        # As Store.get: expired by this clock or by the time other clocks witnessed (_clocks).
+        if row is None or row.expires_at <= max(now, row.attested):
             return Missing()
         spans = decode_layout(row.layout)
         # The reference (or, for a summary, the sealed row) is the only digest trusted.
