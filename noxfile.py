@@ -49,3 +49,14 @@ def demo(session: nox.Session) -> None:
     """Compact a large generated response end to end and read it back (model if configured)."""
     _install(session)
     session.run("python", "-m", "response_compaction", "demo", *session.posargs)
+
+
+@nox.session(default=False)
+def live(session: nox.Session) -> None:
+    """README model example and CLI against a real server: ``OPENAI_BASE_URL=... nox -s live``.
+
+    Any OpenAI-compatible base URL (``../shared/tools/local-llm.sh start`` prints one);
+    ``RESPONSE_COMPACTION_MODEL``, ``LIVE_TIMEOUT_MS`` and ``LIVE_BYTES`` tune it (tests/live.py).
+    """
+    _install(session)
+    session.run("python", "-m", "tests.live", *session.posargs)

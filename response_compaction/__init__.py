@@ -18,6 +18,8 @@ from ._harness import Harness as Harness
 from ._harness import HarnessLike as HarnessLike
 from ._harness import LocalWorkspace as LocalWorkspace
 from ._harness import Workspace as Workspace
+from ._ladder import RungReply as RungReply
+from ._ladder import SummaryModel as SummaryModel
 from ._models import Attempt as Attempt
 from ._models import Broken as Broken
 from ._models import Compacted as Compacted
@@ -30,10 +32,9 @@ from ._models import Receipt as Receipt
 from ._models import SummarizedOutput as SummarizedOutput
 from ._openai import OpenAICatalog as OpenAICatalog
 from ._part import Part as Part
+from ._profile import Profile as Profile
+from ._prompt import SummaryRequest as SummaryRequest
 from ._read import response_compaction_read_part as response_compaction_read_part
-from ._summarize import RungReply as RungReply
-from ._summarize import SummaryModel as SummaryModel
-from ._summarize import SummaryRequest as SummaryRequest
 
 __all__ = (
     "Attempt",
@@ -49,6 +50,7 @@ __all__ = (
     "Missing",
     "OpenAICatalog",
     "Part",
+    "Profile",
     "Receipt",
     "RungReply",
     "SchemaError",

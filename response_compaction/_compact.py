@@ -7,7 +7,7 @@ delegate to them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeVar, overload
 
 from msgspec import UNSET, UnsetType
@@ -15,6 +15,7 @@ from msgspec import UNSET, UnsetType
 from ._canonical import Span, iter_canonical, to_exact_value
 from ._digest import DIGEST_PREFIX
 from ._harness import HarnessLike
+from ._ladder import Source
 from ._models import (
     Broken,
     Compacted,
@@ -29,10 +30,11 @@ from ._models import (
     SummarizedOutput,
 )
 from ._options import resolve_options
+from ._prompt import Head
 from ._refs import MalformedRefError, exact_ref_for, parse_exact_ref
 from ._schema import strict_json_schema
 from ._store import Store, Stored, open_store
-from ._summarize import SummaryOutcome, summarize
+from ._summary import SummaryOutcome, fallback_value, summarize
 
 __all__ = ["response_compact", "response_compaction_read_exact"]
 
@@ -86,14 +88,16 @@ async def response_compact(
     routes = () if llm is None else tuple(llm.routes(opts.ladder))
     value = to_exact_value(exact_response, exact_schema)
     store = await open_store(harness.fs)
-    head = _Head(opts.shown_bytes)
-    stored = await _store_exact(store, value, exact_schema, opts, head)
+    head = Head.for_options(opts, model=llm is not None)
+    layout: list[Span] = []
+    stored = await _store_exact(store, value, exact_schema, opts, head, layout)
     exact = _ExactFacts(DIGEST_PREFIX + stored.hex_digest, stored.size, reused=stored.reused)
     if stored.size <= opts.summarize_above_bytes:
         return Compacted(output=ExactOutput(value=stored.value), receipt=exact.receipt(started))
+    source = Source(data=head.data(), layout=layout, total=stored.size)
     if llm is None:
         return Compacted(
-            output=FallbackOutput(value=opts.fallback),
+            output=FallbackOutput(value=await fallback_value(opts, summary_schema, source, None)),
             receipt=exact.receipt(started, summary_cache="none", fallback_reason="no_llm"),
         )
     outcome = await summarize(
@@ -104,18 +108,14 @@ async def response_compact(
         summary_schema=summary_schema,
         options=opts,
         exact_digest=exact.digest,
-        exact_bytes=stored.size,
-        shown=head.data(),
+        source=source,
     )
     output: SummarizedOutput[Any] | FallbackOutput[Any] = (
-        FallbackOutput(value=opts.fallback)
+        FallbackOutput(value=await fallback_value(opts, summary_schema, source, outcome.profile))
         if outcome.value is None
         else SummarizedOutput(value=outcome.value)
     )
-    shown_bytes = min(stored.size, len(head.data()))
-    return Compacted(
-        output=output, receipt=_summary_receipt(exact, outcome, opts.ladder, shown_bytes, started)
-    )
+    return Compacted(output=output, receipt=_summary_receipt(exact, outcome, opts.ladder, started))
 
 
 @overload
@@ -145,10 +145,14 @@ async def response_compaction_read_exact(
 
 
 async def _store_exact(
-    store: Store, value: object, schema: object, opts: CompactionOptions[Any], head: _Head
+    store: Store,
+    value: object,
+    schema: object,
+    opts: CompactionOptions[Any],
+    head: Head,
+    layout: list[Span],
 ) -> Stored:
-    """Write the canonical bytes (the head watching what the model may be shown)."""
-    layout: list[Span] = []
+    """Write the canonical bytes (the head keeping what the model may be shown)."""
     return await store.put(
         "exact",
         head.watch(iter_canonical(value, layout=layout)),
@@ -192,7 +196,7 @@ class _ExactFacts:
 
 
 def _summary_receipt(
-    exact: _ExactFacts, outcome: SummaryOutcome, ladder: str, shown_bytes: int, started: float
+    exact: _ExactFacts, outcome: SummaryOutcome, ladder: str, started: float
 ) -> Receipt:
     """The receipt of a call that went to the summary step (a cache hit, a summary, or not)."""
     attempts = outcome.attempts
@@ -208,48 +212,12 @@ def _summary_receipt(
         route=outcome.route,
         attempts=attempts if outcome.cache != "hit" else UNSET,
         fallback_reason=outcome.reason,
-        shown_bytes=shown_bytes,
+        shown_bytes=outcome.shown,
+        covered_bytes=outcome.covered,
         input_tokens=_total(a.input_tokens for a in attempts) if attempts else UNSET,
         output_tokens=_total(a.output_tokens for a in attempts) if attempts else UNSET,
         elapsed_ms=_ms(started),
     )
-
-
-class _Head:
-    """Keeps the first ``limit`` bytes of a stream of pieces: what the model may be shown."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._parts: list[bytes] = []
-        self._size = 0
-
-    def watch(self, pieces: Iterable[bytes | memoryview]) -> Iterator[bytes | memoryview]:
-        for piece in pieces:
-            if self._size < self._limit:
-                part = bytes(piece[: self._limit - self._size])
-                self._parts.append(part)
-                self._size += len(part)
-            yield piece
-
-    def data(self) -> bytes:
-        """The kept bytes, cut back to whole UTF-8 characters (the receipt counts these)."""
-        if len(self._parts) != 1:
-            self._parts = [b"".join(self._parts)]
-        if self._size >= self._limit:  # a cut: it may have landed inside a character
-            self._parts = [_whole_characters(self._parts[0])]
-        return self._parts[0]
-
-
-def _whole_characters(data: bytes) -> bytes:
-    """``data`` without a UTF-8 character cut in half at its end."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte < 0x80:  # ASCII: the last character is whole
-            return data
-        if byte >= 0xC0:  # the lead byte of the last character: is all of it here?
-            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            return data if back >= length else data[:-back]
-    return data
 
 
 def _total(counts: Iterable[int | UnsetType]) -> int | UnsetType:

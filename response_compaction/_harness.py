@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    # Types only: _summarize reaches the store, and the store reads LocalWorkspace from here.
+    # Types only: _summary reaches the store, and the store reads LocalWorkspace from here.
+    from ._ladder import SummaryModel
     from ._store._fileio import FileBackend
-    from ._summarize import SummaryModel
 
 __all__ = ["Closable", "Harness", "HarnessLike", "LocalWorkspace", "Workspace"]
 

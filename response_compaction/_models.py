@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Generic, Literal, TypeAlias, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeAlias, TypeVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ._agent_text import agent_json, agent_text
+
+if TYPE_CHECKING:
+    from ._profile import Profile
 
 __all__ = [
     "Attempt",
@@ -26,7 +30,10 @@ E = TypeVar("E")
 S = TypeVar("S")
 
 FallbackReason: TypeAlias = Literal["timeout", "invalid", "refused", "truncated", "error", "no_llm"]
-AttemptOutcome: TypeAlias = Literal["ok", "timeout", "error", "refused", "truncated", "invalid"]
+AttemptOutcome: TypeAlias = Literal[
+    "ok", "timeout", "error", "refused", "truncated", "invalid", "ungrounded"
+]
+Coverage: TypeAlias = Literal["head", "sampled", "full"]
 
 
 class ExactOutput(Struct, Generic[E], frozen=True, kw_only=True, tag_field="kind", tag="exact"):
@@ -105,6 +112,11 @@ class Attempt(Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     ``input_tokens`` and ``output_tokens`` are what the provider reported; a reported 0 is
     kept and a count that was not reported is ``UNSET`` (omitted when encoded), never 0.
+    ``error`` is the content-free cause of a failed call (``"HTTP 400 exceed_context_size_error"``
+    or an exception class name); ``served_model`` is the model the server says answered.
+    ``call`` says what the call was for when it was not the plain one-prompt summary:
+    ``"retry"`` (a smaller prompt after a context overflow), ``"map"`` or ``"reduce"``
+    (``coverage="full"``).
     """
 
     route: str
@@ -112,13 +124,18 @@ class Attempt(Struct, frozen=True, kw_only=True, omit_defaults=True):
     elapsed_ms: int
     input_tokens: int | UnsetType = UNSET
     output_tokens: int | UnsetType = UNSET
+    error: str | UnsetType = UNSET
+    served_model: str | UnsetType = UNSET
+    call: Literal["retry", "map", "reduce"] | UnsetType = UNSET
 
 
 class Receipt(Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What happened, without any response or summary content.
 
     Fields that do not apply are ``UNSET`` and omitted when encoded. ``shown_bytes`` is how
-    many bytes of the canonical exact JSON the model was shown (the prompt is bounded).
+    many bytes of the canonical exact JSON the largest single prompt held; ``covered_bytes``
+    how many bytes of it reached any prompt (all of them for a ``"full"`` coverage that
+    finished in time).
     """
 
     exact_ref: str
@@ -134,6 +151,7 @@ class Receipt(Struct, frozen=True, kw_only=True, omit_defaults=True):
     attempts: tuple[Attempt, ...] | UnsetType = UNSET
     fallback_reason: FallbackReason | UnsetType = UNSET
     shown_bytes: int | UnsetType = UNSET
+    covered_bytes: int | UnsetType = UNSET
     input_tokens: int | UnsetType = UNSET
     output_tokens: int | UnsetType = UNSET
 
@@ -169,12 +187,21 @@ class Compacted(Struct, Generic[E, S], frozen=True, kw_only=True):
 class CompactionOptions(Struct, Generic[S], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How to compact. A mapping with the same keys is accepted wherever this is.
 
-    ``fallback`` (a value of the summary schema) and ``ladder`` (a catalog ladder name) are
-    required. ``shown_bytes`` bounds how much of the canonical exact JSON goes into the
-    prompt; the cut is marked in the prompt and is part of the summary cache identity.
+    ``fallback`` (a value of the summary schema, or a callable that receives the
+    :class:`~response_compaction.Profile` of the exact value and returns one) and ``ladder``
+    (a catalog ladder name) are required. ``shown_bytes`` bounds how much of the canonical
+    exact JSON goes into one prompt (the route's context may bound it further).
+    ``coverage`` says what the model is shown: ``"head"`` the first bytes, ``"sampled"`` the
+    profile and whole items from across the value, ``"full"`` every item, map-reduced in at
+    most ``max_model_calls`` calls. ``rung_timeout_ms`` bounds one rung (None: what is left
+    of ``timeout_ms``). ``grounded`` names top-level summary fields whose identifiers must
+    occur in the exact bytes or the profile (else the rung is ``ungrounded``).
     """
 
-    fallback: S
+    if TYPE_CHECKING:
+        fallback: S | Callable[[Profile], S]
+    else:  # msgspec validates the value form; a callable is set aside before conversion
+        fallback: S
     ladder: str
     summarize_above_bytes: Annotated[int, Meta(ge=0)] = 32000
     instructions: str = ""
@@ -183,3 +210,7 @@ class CompactionOptions(Struct, Generic[S], frozen=True, kw_only=True, forbid_un
     max_entries: Annotated[int, Meta(ge=1)] = 256
     token_bound: Annotated[int, Meta(ge=1, le=1_000_000)] = 1024
     shown_bytes: Annotated[int, Meta(ge=1024, le=16_000_000)] = 96_000
+    coverage: Coverage = "sampled"
+    rung_timeout_ms: Annotated[int, Meta(ge=1, le=600_000)] | None = None
+    max_model_calls: Annotated[int, Meta(ge=1, le=10_000)] = 16
+    grounded: tuple[str, ...] = ()

@@ -3,17 +3,25 @@
 The only module that imports openai. One Chat Completions call per rung with a strict
 ``json_schema`` response format (the most widely supported structured-output shape among
 OpenAI-compatible servers), ``max_retries=0`` so the ladder is the only retry policy, and no
-SDK timeout of its own: the whole summary step runs inside one ``anyio.fail_after``.
+SDK timeout of its own: the whole summary step runs inside one ``anyio.fail_after``. A call
+cancelled by that budget (or by ``rung_timeout_ms``) closes its connection, which is how an
+HTTP server learns to stop working on it.
+
+Failures are classified without content: ``"HTTP 400 exceed_context_size_error"`` (status and
+the server's error type or code), or the exception class name. A context overflow (OpenAI
+``context_length_exceeded``, llama.cpp ``exceed_context_size_error``, vLLM's 400 naming the
+maximum context length) is flagged so the ladder can retry once with a smaller prompt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from msgspec import UNSET, UnsetType
 
-from ._summarize import RungReply, SummaryRequest
+from ._ladder import RungReply
+from ._prompt import DEFAULT_CONTEXT_TOKENS, SummaryRequest
 
 if TYPE_CHECKING:
     import openai
@@ -26,9 +34,25 @@ class OpenAICatalog:
 
     ``client`` stays the caller's: close it when done (``async with`` or ``await
     client.close()``); a client cannot move between event loops.
+
+    ``context_tokens`` is each route's context window in tokens (a mapping route -> tokens,
+    or one int for every route); a route not named gets 8192, which fits the small models a
+    ladder usually starts with. Prompts are sized to fit it. ``temperature`` is sent with
+    every call (0.0 by default: the same prompt gives the same summary; None leaves it to the
+    server). ``schema_dialect="full"`` sends the summary schema's value constraints
+    (``pattern``, ``minItems``, ``minimum``...) to servers that enforce them while generating
+    (llama.cpp, vLLM); ``"strict"`` (the default) sends only what OpenAI's strict mode takes.
     """
 
-    def __init__(self, client: openai.AsyncOpenAI, ladders: Mapping[str, Sequence[str]]) -> None:
+    def __init__(
+        self,
+        client: openai.AsyncOpenAI,
+        ladders: Mapping[str, Sequence[str]],
+        *,
+        context_tokens: Mapping[str, int] | int | None = None,
+        temperature: float | None = 0.0,
+        schema_dialect: Literal["strict", "full"] = "strict",
+    ) -> None:
         import openai
 
         if not isinstance(client, openai.AsyncOpenAI):
@@ -43,6 +67,23 @@ class OpenAICatalog:
         self.client = client
         self._rung_client = client.with_options(max_retries=0)
         self._ladders = checked
+        self._contexts = _check_contexts(context_tokens)
+        if temperature is not None and (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or not 0.0 <= temperature <= 2.0
+        ):
+            raise ValueError("temperature must be a number from 0 to 2, or None")
+        if schema_dialect not in ("strict", "full"):
+            raise ValueError('schema_dialect must be "strict" or "full"')
+        self.temperature = None if temperature is None else float(temperature)
+        self.schema_dialect: Literal["strict", "full"] = schema_dialect
+
+    def context_limit(self, route: str) -> int:
+        """The context window of ``route`` in tokens (8192 when not configured)."""
+        if isinstance(self._contexts, int):
+            return self._contexts
+        return self._contexts.get(route, DEFAULT_CONTEXT_TOKENS)
 
     @property
     def ladders(self) -> Mapping[str, tuple[str, ...]]:
@@ -65,6 +106,9 @@ class OpenAICatalog:
         """One structured completion on ``route``, classified."""
         import openai
 
+        extra: dict[str, Any] = {}
+        if self.temperature is not None:
+            extra["temperature"] = self.temperature
         try:
             response = await self._rung_client.chat.completions.create(
                 model=route,
@@ -81,15 +125,18 @@ class OpenAICatalog:
                     },
                 },
                 max_completion_tokens=request.max_output_tokens,
+                **extra,
             )
         except openai.APIStatusError as exc:
-            return RungReply(outcome="error", detail=f"HTTP {exc.status_code}")
+            return _status_reply(exc)
         except openai.APIError as exc:
             return RungReply(outcome="error", detail=type(exc).__name__)
         usage = getattr(response, "usage", None)
+        served = getattr(response, "model", None)
         tokens: dict[str, Any] = {
             "input_tokens": _count(getattr(usage, "prompt_tokens", None)),
             "output_tokens": _count(getattr(usage, "completion_tokens", None)),
+            "served_model": served[:200] if isinstance(served, str) and served else UNSET,
         }
         choices = getattr(response, "choices", None) or []
         if not choices:
@@ -103,6 +150,51 @@ class OpenAICatalog:
         if not isinstance(message.content, str):
             return RungReply(outcome="error", detail="no content", **tokens)
         return RungReply(outcome="ok", text=message.content, **tokens)
+
+
+_OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+
+
+def _status_reply(exc: Any) -> RungReply:
+    """An HTTP error, classified by status and the server's error type or code (no message)."""
+    body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
+    inner = body.get("error")
+    error: dict[str, Any] = inner if isinstance(inner, dict) else body
+    kinds = [v for v in (error.get("type"), error.get("code")) if isinstance(v, str) and v]
+    detail = f"HTTP {exc.status_code}" + "".join(f" {_token(k)}" for k in kinds[:1])
+    message = error.get("message")
+    overflow = bool(_OVERFLOW_CODES.intersection(kinds)) or (
+        exc.status_code == 400
+        and isinstance(message, str)
+        and "maximum context length" in message.lower()
+    )
+    if overflow and not kinds:
+        detail += " context_length_exceeded"
+    shrink: float | UnsetType = UNSET
+    needed, limit = error.get("n_prompt_tokens"), error.get("n_ctx")
+    if overflow and type(needed) is int and type(limit) is int and needed > 0 < limit:
+        shrink = limit / needed  # llama.cpp says how far over it was
+    return RungReply(outcome="error", detail=detail, context_overflow=overflow, shrink=shrink)
+
+
+def _token(kind: str) -> str:
+    # An error type or code is an identifier; anything else is cut down to one.
+    cleaned = "".join(c if c.isalnum() or c in "_-." else "_" for c in kind)
+    return cleaned[:64]
+
+
+def _check_contexts(contexts: Mapping[str, int] | int | None) -> Mapping[str, int] | int:
+    if contexts is None:
+        return {}
+    if isinstance(contexts, int) and not isinstance(contexts, bool):
+        values: list[object] = [contexts]
+    elif isinstance(contexts, Mapping):
+        values = list(contexts.values())
+    else:
+        raise TypeError("context_tokens must be a mapping of route to tokens, or an int")
+    if not all(type(v) is int and 1024 <= v <= 10_000_000 for v in values):
+        raise ValueError("context_tokens must be whole numbers from 1024 to 10000000")
+    return contexts if isinstance(contexts, int) else dict(contexts)
 
 
 def _count(value: object) -> int | UnsetType:

@@ -16,7 +16,8 @@ __all__ = ["MAX_TTL_SECONDS", "resolve_options"]
 def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[Any]:
     """Validate ``options`` (a ``CompactionOptions`` or a mapping) against ``summary_schema``.
 
-    Returns a ``CompactionOptions`` whose fallback is a validated value of the summary schema.
+    Returns a ``CompactionOptions`` whose fallback is a validated value of the summary schema
+    (or the caller's fallback function, which is called, and its result checked, later).
     Raises ``ValueError`` naming the offending key: also for integers beyond what the store
     can hold (a TTL over 100 years) and for text that is not valid Unicode.
     """
@@ -36,12 +37,35 @@ def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[A
         raise ValueError(  # noqa: TRY004 - the contract: wrongly typed options are ValueError
             f"options must be CompactionOptions or a mapping, got {type(options).__name__}"
         )
+    function = _fallback_function(data.get("fallback"))
     try:
-        resolved = msgspec.convert(data, CompactionOptions[summary_schema])
+        if function is None:
+            resolved = msgspec.convert(data, CompactionOptions[summary_schema])
+        else:  # msgspec cannot check a function: check the rest, then put it back
+            checked = msgspec.convert({**data, "fallback": None}, CompactionOptions[Any])
+            resolved = msgspec.structs.replace(checked, fallback=function)
     except msgspec.ValidationError as exc:
         raise ValueError(f"invalid compaction options: {exc}") from None
     _check_limits(resolved)
+    _check_grounded(resolved.grounded, summary_schema)
     return resolved
+
+
+def _fallback_function(fallback: object) -> Any:
+    # A struct instance or a class is a value here, never a function to call.
+    if callable(fallback) and not isinstance(fallback, msgspec.Struct | type):
+        return fallback
+    return None
+
+
+def _check_grounded(fields: tuple[str, ...], summary_schema: Any) -> None:
+    known = getattr(summary_schema, "__struct_fields__", None)
+    for name in fields:
+        if known is not None and name not in known:
+            raise ValueError(
+                f"invalid compaction options: grounded names {name!r}, which is not a field "
+                f"of {getattr(summary_schema, '__name__', 'the summary schema')}"
+            )
 
 
 #: Upper bounds the store can represent: expiry times are floats (a TTL of 10**400 seconds

@@ -1,4 +1,4 @@
-"""The exact reference format and the summary cache identity. Pure: no I/O.
+"""The exact reference format. Pure: no I/O.
 
 An exact reference is ``"rc1:" + 64 lowercase hex``: the version tag of this format and the
 store's keyed digest (HMAC-SHA256, see ``_digest``) of the canonical bytes. It names content,
@@ -8,29 +8,17 @@ derives every path from the hex alone, and a read checks the bytes against it.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from typing import Any
 
 import msgspec
 
 from ._digest import DIGEST_PREFIX
 
-__all__ = [
-    "MalformedRefError",
-    "ParsedRef",
-    "exact_ref_for",
-    "hex_of_digest",
-    "parse_exact_ref",
-    "summary_key",
-]
+__all__ = ["MalformedRefError", "ParsedRef", "exact_ref_for", "hex_of_digest", "parse_exact_ref"]
 
 _REF_PREFIX = "rc1:"
 _REF = re.compile(r"rc1:([0-9a-f]{64})")
 _HEX = re.compile(r"[0-9a-f]{64}")
-_ENCODER = msgspec.json.Encoder(order="sorted")
-#: Bumped whenever the prompt wording or layout changes what the model is shown.
-PROMPT_VERSION = 1
 
 
 class ParsedRef(msgspec.Struct, frozen=True):
@@ -67,40 +55,3 @@ def parse_exact_ref(ref: object) -> ParsedRef:
             f"malformed exact_ref {shown!r}: expected 'rc1:' followed by 64 lowercase hex"
         )
     return ParsedRef(match.group(1))
-
-
-class _SummaryIdentity(msgspec.Struct, frozen=True, kw_only=True):
-    v: int
-    exact_digest: str
-    summary_schema: Any
-    instructions: str
-    ladder: str
-    routes: tuple[str, ...]
-    token_bound: int
-    shown_bytes: int
-    prompt_version: int
-
-
-def summary_key(
-    *,
-    exact_digest: str,
-    summary_json_schema: dict[str, Any],
-    instructions: str,
-    ladder: str,
-    routes: tuple[str, ...],
-    token_bound: int,
-    shown_bytes: int,
-) -> str:
-    """The hex cache key of a summary: everything that changes what the model is asked."""
-    identity = _SummaryIdentity(
-        v=1,
-        exact_digest=exact_digest,
-        summary_schema=summary_json_schema,
-        instructions=instructions,
-        ladder=ladder,
-        routes=routes,
-        token_bound=token_bound,
-        shown_bytes=shown_bytes,
-        prompt_version=PROMPT_VERSION,
-    )
-    return hashlib.sha256(_ENCODER.encode(identity)).hexdigest()

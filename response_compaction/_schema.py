@@ -21,6 +21,21 @@ from ._pydantic import is_pydantic_schema, pydantic_json_schema
 __all__ = ["schema_name", "strict_json_schema"]
 
 _KEEP = frozenset({"type", "properties", "items", "anyOf", "enum", "const", "description", "title"})
+#: ``schema_dialect="full"``: the constraints llama.cpp and vLLM enforce while generating
+#: (OpenAI's strict mode refuses some of them, so ``"strict"`` leaves them out).
+_CONSTRAINTS = frozenset(
+    {
+        "pattern",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+    }
+)
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -30,19 +45,23 @@ def schema_name(summary_schema: Any) -> str:
     return _NAME_BAD.sub("_", name)[:64] or "summary"
 
 
-def strict_json_schema(summary_schema: Any) -> dict[str, Any]:
-    """The strict JSON schema for ``summary_schema``; :class:`SchemaError` if there is none."""
+def strict_json_schema(summary_schema: Any, dialect: str = "strict") -> dict[str, Any]:
+    """The strict JSON schema for ``summary_schema``; :class:`SchemaError` if there is none.
+
+    ``dialect="full"`` keeps the value constraints (``pattern``, ``minItems``, ``minimum``...)
+    that ``"strict"`` drops.
+    """
     try:
         hash(summary_schema)
     except TypeError:
         raise SchemaError(
             f"summary_schema must be a type, got a {type(summary_schema).__name__} value"
         ) from None
-    return _strict_json_schema(summary_schema)
+    return _strict_json_schema(summary_schema, dialect == "full")
 
 
 @functools.lru_cache(maxsize=128)
-def _strict_json_schema(summary_schema: Any) -> dict[str, Any]:
+def _strict_json_schema(summary_schema: Any, full: bool) -> dict[str, Any]:
     pydantic = is_pydantic_schema(summary_schema, "summary_schema")  # ValueError: no extra
     try:
         if pydantic:
@@ -54,7 +73,8 @@ def _strict_json_schema(summary_schema: Any) -> dict[str, Any]:
             f"summary_schema is not a msgspec type (nor a pydantic model): {exc}"
         ) from None
     defs: dict[str, Any] = raw.get("$defs", {})
-    converted: dict[str, Any] = _convert(raw, defs, (), "$")
+    keep = _KEEP | _CONSTRAINTS if full else _KEEP
+    converted: dict[str, Any] = _convert(raw, defs, (), "$", keep)
     if converted.get("type") != "object":
         raise SchemaError(
             "summary_schema must be an object type (a msgspec.Struct or pydantic model): "
@@ -63,25 +83,31 @@ def _strict_json_schema(summary_schema: Any) -> dict[str, Any]:
     return converted
 
 
-def _convert(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...], at: str) -> Any:
+def _convert(
+    node: dict[str, Any],
+    defs: dict[str, Any],
+    seen: tuple[str, ...],
+    at: str,
+    keep: frozenset[str] = _KEEP,
+) -> Any:
     if "$ref" in node:
         name = node["$ref"].rsplit("/", 1)[-1]
         if name in seen:
             raise SchemaError(f"recursive summary schemas are not supported ({name} at {at})")
-        return _convert(defs[name], defs, (*seen, name), at)
+        return _convert(defs[name], defs, (*seen, name), at, keep)
     for bad in ("allOf", "not", "if", "oneOf", "prefixItems"):
         if bad in node:
             raise SchemaError(f"summary_schema uses {bad!r} at {at}, which strict mode refuses")
-    out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEEP}
+    out: dict[str, Any] = {k: v for k, v in node.items() if k in keep}
     if "anyOf" in node:
-        out["anyOf"] = [_convert(x, defs, seen, at) for x in node["anyOf"]]
+        out["anyOf"] = [_convert(x, defs, seen, at, keep) for x in node["anyOf"]]
     kind = node.get("type")
     if "enum" in node and kind is None:
         values = [v for v in node["enum"] if v is not None]
         if len(values) < len(node["enum"]):  # Literal["a", None]: strict mode wants a union
             if not values:
                 return {"type": "null"}
-            return {"anyOf": [_convert({"enum": values}, defs, seen, at), {"type": "null"}]}
+            return {"anyOf": [_convert({"enum": values}, defs, seen, at, keep), {"type": "null"}]}
         out["type"] = _enum_type(values, at)
     if kind == "object":
         props = node.get("properties")
@@ -92,14 +118,14 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...], 
                 "properties (use a Struct instead of dict)"
             )
         out["properties"] = {
-            key: _convert(value, defs, seen, f"{at}.{key}") for key, value in props.items()
+            key: _convert(value, defs, seen, f"{at}.{key}", keep) for key, value in props.items()
         }
         out["required"] = list(props)
         out["additionalProperties"] = False
     elif kind == "array":
         if "items" not in node:
             raise SchemaError(f"summary_schema has an array of unknown items at {at}")
-        out["items"] = _convert(node["items"], defs, seen, f"{at}[]")
+        out["items"] = _convert(node["items"], defs, seen, f"{at}[]", keep)
     elif kind is None and "anyOf" not in node and "enum" not in node and "const" not in node:
         raise SchemaError(f"summary_schema has an untyped value (Any) at {at}")
     return out

@@ -14,6 +14,7 @@ Nothing here sleeps: a held request waits on a ``threading.Event``.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -63,14 +64,19 @@ class Reply:
     refusal: str | None = None
     finish_reason: str = "stop"
     usage: Usage = field(default_factory=lambda: dict(USAGE))
+    served: str | None = None  # the ``model`` the reply names (default: the requested one)
 
 
 @dataclass(frozen=True)
 class Status:
-    """An HTTP error in OpenAI's error shape; retryable statuses say "retry after 1 ms"."""
+    """An HTTP error in OpenAI's error shape; retryable statuses say "retry after 1 ms".
+
+    ``error`` replaces the whole ``error`` object (e.g. llama.cpp's overflow body).
+    """
 
     code: int
     message: str = "scripted failure"
+    error: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,8 @@ class Body:
 
 @dataclass(frozen=True)
 class Hang:
-    """Never answer: block until the server shuts down (or HOLD_LIMIT_S), then drop the socket."""
+    """Never answer: block until the client hangs up (counted in ``hangups``), the server
+    shuts down, or HOLD_LIMIT_S passes; then drop the socket."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,8 @@ class FakeOpenAI:
     def __init__(self, *, fill_unscripted: bool = False) -> None:
         self.fill_unscripted = fill_unscripted
         self.connections = 0
+        self.hangups = 0  # hung requests whose client closed the connection
+        self._hangup = threading.Event()
         self._lock = threading.Lock()
         self._scripts: dict[str, list[Behaviour]] = {}
         self._arrived: dict[str, threading.Event] = {}
@@ -228,6 +237,16 @@ class FakeOpenAI:
             self._arrived.setdefault(request.model, threading.Event()).set()
             return len(self.requests) - 1
 
+    def _hung_up(self) -> None:
+        with self._lock:
+            self.hangups += 1
+        self._hangup.set()
+
+    async def wait_hangup(self, within: float = 10.0) -> None:
+        """Wait (off the event loop) until a client drops a hung request's connection."""
+        if not await anyio.to_thread.run_sync(self._hangup.wait, within, abandon_on_cancel=True):
+            raise AssertionError(f"no client dropped a hung connection within {within} s")
+
     def _handled(self, index: int, seconds: float) -> None:
         with self._lock:
             old = self.requests[index]
@@ -242,7 +261,7 @@ def _completion(model: str, reply: Reply) -> dict[str, Any]:
         "id": "chatcmpl-fake",
         "object": "chat.completion",
         "created": 1_900_000_000,
-        "model": model,
+        "model": reply.served or model,
         "choices": [
             {"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}
         ],
@@ -299,22 +318,35 @@ def _handler_for(owner: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 owner._release.wait(HOLD_LIMIT_S)
                 behaviour = behaviour.then
             if isinstance(behaviour, Hang) or owner._closing.is_set():
-                owner._closing.wait(HOLD_LIMIT_S)
+                self._wait_for_hangup()
                 self.close_connection = True
                 return
             if behaviour is None:
                 self._json(404, {"error": {"message": f"model {model!r} is not scripted"}})
             elif isinstance(behaviour, Status):
-                self._json(
-                    behaviour.code,
-                    {"error": {"message": behaviour.message, "type": "scripted", "code": None}},
-                    extra={"retry-after-ms": "1"},
-                )
+                error = behaviour.error or {
+                    "message": behaviour.message,
+                    "type": "scripted",
+                    "code": None,
+                }
+                self._json(behaviour.code, {"error": error}, extra={"retry-after-ms": "1"})
             elif isinstance(behaviour, Body):
                 self._send(200, behaviour.data, behaviour.content_type)
             else:
                 self._json(200, _completion(model, behaviour))
             owner._handled(index, time.perf_counter() - started)
+
+        def _wait_for_hangup(self) -> None:
+            # Block until the server closes or the client drops the connection (a cancelled
+            # request must close its socket so a real server can stop working on it).
+            import select
+
+            deadline = time.monotonic() + HOLD_LIMIT_S
+            while not owner._closing.is_set() and time.monotonic() < deadline:
+                readable, _, _ = select.select([self.connection], [], [], 0.01)
+                if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                    owner._hung_up()
+                    return
 
         def _json(self, code: int, payload: Any, extra: dict[str, str] | None = None) -> None:
             self._send(code, json.dumps(payload).encode(), "application/json", extra)

@@ -51,7 +51,7 @@ def test_covered_bytes_wins_over_shown_bytes() -> None:
     """When the receipt says covered_bytes, coverage reports it rather than shown_bytes."""
     output = rc.SummarizedOutput(value=FALLBACK)
     receipt = msgspec.structs.asdict(compacted(output, shown_bytes=50000).receipt)
-    with_covered = SimpleNamespace(**receipt, covered_bytes=100000)
+    with_covered = SimpleNamespace(**{**receipt, "covered_bytes": 100000})
     text = agent_text(SimpleNamespace(output=output, receipt=with_covered))
     assert "made from 100000 of 200000 bytes (50.0%)" in text
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ import pytest
 import response_compaction as rc
 from response_compaction import sync
 from response_compaction._cli._commands import DEFAULT_FALLBACK, DefaultSummary
-from tests.fake_openai import FakeOpenAI
+from tests.fake_openai import FakeOpenAI, Hang, Status
 
 REPO = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("compact", "read", "verify", "prune", "mcp", "demo")
@@ -201,6 +202,51 @@ def test_compact_with_a_model_and_custom_schemas(tmp_path: Path) -> None:
     assert result["receipt"]["ladder"] == "default"
     assert [body["model"] for body in server.bodies()] == ["small-model"]
     assert "count the rows" in server.bodies()[0]["messages"][0]["content"]
+
+
+def test_failed_rungs_and_the_fallback_are_one_stderr_line_each(tmp_path: Path) -> None:
+    """Each failed rung prints its route, outcome and cause; the fallback says why; exit 0."""
+    with FakeOpenAI() as server:
+        server.script("broken", Status(400, error={"type": "exceed_context_size_error"}))
+        server.script("hung", Hang())
+        env = clean_env(OPENAI_BASE_URL=server.base_url)
+        done = cli(
+            "compact",
+            "-",
+            "--root",
+            tmp_path,
+            "--model",
+            "broken",
+            "--model",
+            "hung",
+            "--rung-timeout-ms",
+            "300",
+            "--shown-bytes",
+            "4096",
+            "--coverage",
+            "head",
+            stdin=json.dumps(big_document()).encode(),
+            env=env,
+        )
+        prompts = [len(b["messages"][1]["content"].encode()) for b in server.bodies("broken")]
+    assert done.returncode == 0, done.stderr.decode()
+    lines = done.stderr.decode().splitlines()
+    assert lines == [
+        lines[0],
+        lines[1],
+        lines[2],
+        "response-compaction: the fallback was returned: timeout",
+    ]
+    assert re.fullmatch(
+        r"response-compaction: rung broken error: HTTP 400 exceed_context_size_error \(\d+ ms\)",
+        lines[0],
+    )
+    assert lines[1].startswith("response-compaction: rung broken retry error: HTTP 400")
+    assert lines[2].startswith("response-compaction: rung hung timeout (")
+    result = json.loads(done.stdout)
+    assert result["output"]["kind"] == "fallback"
+    assert prompts[0] <= 4096 + 400  # --shown-bytes bounds the head shown
+    assert prompts[1] < prompts[0]
 
 
 def test_progress_on_a_terminal(tmp_path: Path) -> None:

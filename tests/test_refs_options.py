@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 import response_compaction as rc
 from response_compaction._options import MAX_TTL_SECONDS, resolve_options
+from response_compaction._prompt import summary_key
 from response_compaction._refs import (
     MalformedRefError,
     ParsedRef,
     exact_ref_for,
     hex_of_digest,
     parse_exact_ref,
-    summary_key,
 )
 from tests._store_support import HYPOTHESIS, compact, snapshot, store_root
 from tests.schemas import FALLBACK, Exact, Row, Summary
@@ -176,6 +176,12 @@ _CHANGED: dict[str, Any] = {
     "routes": ("m2", "m1"),
     "token_bound": 101,
     "shown_bytes": 2049,
+    "coverage": "full",
+    "context_tokens": (4096,),
+    "schema_dialect": "full",
+    "temperature": 0.5,
+    "max_model_calls": 3,
+    "grounded": ("overview",),
 }
 
 

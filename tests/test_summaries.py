@@ -24,7 +24,7 @@ from msgspec import UNSET
 
 import response_compaction as rc
 from response_compaction._canonical import canonical_bytes
-from response_compaction._compact import _Head
+from response_compaction._prompt import Head as _Head
 from response_compaction._schema import strict_json_schema
 from response_compaction._store import Store
 from tests.fake_openai import (
@@ -162,7 +162,10 @@ async def test_valid_summary_is_returned_stored_and_reported(
     assert isinstance(receipt.summary_digest, str)
     assert receipt.summary_digest.startswith("sha256:")
     assert len(receipt.summary_digest) == len("sha256:") + 64
-    assert receipt.shown_bytes == receipt.exact_bytes  # 67 KB is under the 96000 default
+    # 67 KB does not fit the default 8K context: a sample of it was shown, and said so.
+    assert isinstance(receipt.covered_bytes, int)
+    assert isinstance(receipt.shown_bytes, int)
+    assert 0 < receipt.covered_bytes == receipt.shown_bytes < receipt.exact_bytes
     assert (receipt.input_tokens, receipt.output_tokens) == (11, 7)
     assert receipt.fallback_reason is UNSET
     assert len(summary_files(workspace)) == 1
@@ -741,7 +744,7 @@ async def test_large_response_prompt_is_cut_and_marked(
     value = big_exact(5000)
     server.script("small", summary_reply(GOOD))
     async with model_harness(workspace, server, {"main": ["small"]}) as harness:
-        compacted = await compact(harness, value, shown_bytes=2048)
+        compacted = await compact(harness, value, shown_bytes=2048, coverage="head")
     receipt = compacted.receipt
     assert receipt.exact_bytes > 300_000
     assert receipt.shown_bytes == 2048
@@ -766,7 +769,7 @@ async def test_prompt_cut_never_splits_a_character_and_says_what_it_shows(
         pytest.fail("no padding puts a character across the cut")
     server.script("small", summary_reply(GOOD))
     async with model_harness(workspace, server, {"main": ["small"]}) as harness:
-        compacted = await compact(harness, value, shown_bytes=1024)
+        compacted = await compact(harness, value, shown_bytes=1024, coverage="head")
     shown_bytes = compacted.receipt.shown_bytes
     assert isinstance(shown_bytes, int)
     assert 1021 <= shown_bytes < 1024

@@ -17,11 +17,11 @@ import msgspec
 
 from .._compact import response_compact, response_compaction_read_exact
 from .._harness import Harness, LocalWorkspace
-from .._models import Broken, CompactionOptions, Found, Missing
+from .._ladder import SummaryModel
+from .._models import Broken, CompactionOptions, Found, Missing, Receipt
 from .._part import Part
 from .._read import response_compaction_read_part
 from .._store import open_store
-from .._summarize import SummaryModel
 
 if TYPE_CHECKING:
     from .._openai import OpenAICatalog  # imported when a model is configured: it loads openai
@@ -115,7 +115,9 @@ class ModelConfig:
         return f"{', '.join(self.routes)} at {self.base_url or 'https://api.openai.com/v1'}"
 
     @contextlib.asynccontextmanager
-    async def catalog(self) -> AsyncIterator[OpenAICatalog | None]:
+    async def catalog(
+        self, context_tokens: int | None = None
+    ) -> AsyncIterator[OpenAICatalog | None]:
         """An ``OpenAICatalog`` on a client made (and closed) in this event loop, or None."""
         if self.why_not:
             yield None
@@ -129,7 +131,7 @@ class ModelConfig:
         async with openai.AsyncOpenAI(
             api_key=self.api_key or "unused", base_url=self.base_url
         ) as client:
-            yield OpenAICatalog(client, {self.ladder: self.routes})
+            yield OpenAICatalog(client, {self.ladder: self.routes}, context_tokens=context_tokens)
 
 
 def _emit(value: Any) -> None:
@@ -183,13 +185,14 @@ async def _compact(args: argparse.Namespace) -> int:
     options = _options(args, args.fallback)
     model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
     show = len(data) >= PROGRESS_BYTES and sys.stderr.isatty()
-    async with model.catalog() as llm:
+    async with model.catalog(args.context_tokens) as llm:
         with _progress(f"compacting {len(data) / 1e6:.1f} MB", show):
             compacted = await response_compact(
                 _harness(args, llm), msgspec.Raw(data), args.schema, args.summary_schema, options
             )
     if compacted.receipt.fallback_reason == "no_llm":
         note(f"no model configured, so the fallback was returned ({model.why_not})")
+    _note_failures(compacted.receipt)
     _emit(compacted)
     return EXIT_OK
 
@@ -204,10 +207,27 @@ def _options(args: argparse.Namespace, fallback: Any) -> dict[str, Any]:
         ("ttl_seconds", "ttl"),
         ("max_entries", "max_entries"),
         ("token_bound", "token_bound"),
+        ("shown_bytes", "shown_bytes"),
+        ("coverage", "coverage"),
+        ("rung_timeout_ms", "rung_timeout_ms"),
+        ("max_model_calls", "max_model_calls"),
     ):
         if getattr(args, attr) is not None:
             options[key] = getattr(args, attr)
     return options
+
+
+def _note_failures(receipt: Receipt) -> None:
+    """One stderr line per failed model call, and one for a fallback the model side caused."""
+    for attempt in receipt.attempts or ():
+        if attempt.outcome == "ok":
+            continue
+        call = f" {attempt.call}" if isinstance(attempt.call, str) else ""
+        why = f": {attempt.error}" if isinstance(attempt.error, str) else ""
+        note(f"rung {attempt.route}{call} {attempt.outcome}{why} ({attempt.elapsed_ms} ms)")
+    reason = receipt.fallback_reason
+    if isinstance(reason, str) and reason != "no_llm":
+        note(f"the fallback was returned: {reason}")
 
 
 async def _read(args: argparse.Namespace) -> int:
@@ -300,7 +320,7 @@ async def _proxy(args: argparse.Namespace) -> int:
     if not args.upstream:
         raise ValueError("proxy needs the upstream server's command after --: proxy -- CMD")
     model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
-    async with model.catalog() as llm:
+    async with model.catalog(args.context_tokens) as llm:
         config = ProxyConfig(
             harness=_harness(args, llm),
             options=_options(args, DEFAULT_FALLBACK),

@@ -12,6 +12,7 @@ import msgspec
 
 from .. import __version__
 from ._commands import DEFAULTS, EXIT_USAGE, MAX_INPUT_BYTES, DefaultSummary, default_root
+from ._flags import add_budget_options, positive
 
 __all__ = ("build_parser", "load_type")
 
@@ -47,16 +48,6 @@ def _json_arg(text: str) -> Any:
         return msgspec.json.decode(text)
     except msgspec.DecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,7 +149,7 @@ def _add_compact(sub: _Sub, parents: list[_Parser]) -> None:
     compact.add_argument(
         "--above",
         metavar="BYTES",
-        type=_positive,
+        type=positive,
         help="summarize above this many bytes of canonical JSON "
         f"(default: {DEFAULTS['summarize_above_bytes']})",
     )
@@ -166,41 +157,14 @@ def _add_compact(sub: _Sub, parents: list[_Parser]) -> None:
     compact.add_argument(
         "--max-input-bytes",
         metavar="BYTES",
-        type=_positive,
+        type=positive,
         default=MAX_INPUT_BYTES,
         help="refuse a document larger than this, read no further (default: %(default)s)",
     )
     compact.add_argument(
         "--ladder", metavar="NAME", default="default", help="ladder name (default: %(default)s)"
     )
-    _add_budget_options(compact)
-
-
-def _add_budget_options(compact: _Parser) -> None:
-    compact.add_argument(
-        "--timeout-ms",
-        metavar="MS",
-        type=_positive,
-        help=f"whole budget of the summary step (default: {DEFAULTS['timeout_ms']})",
-    )
-    compact.add_argument(
-        "--ttl",
-        metavar="SECONDS",
-        type=_positive,
-        help=f"time to live of the stored value (default: {DEFAULTS['ttl_seconds']})",
-    )
-    compact.add_argument(
-        "--max-entries",
-        metavar="N",
-        type=_positive,
-        help=f"LRU bound of the store (default: {DEFAULTS['max_entries']})",
-    )
-    compact.add_argument(
-        "--token-bound",
-        metavar="N",
-        type=_positive,
-        help=f"most output tokens for the summary (default: {DEFAULTS['token_bound']})",
-    )
+    add_budget_options(compact)
 
 
 def _add_read_and_mcp(
@@ -228,12 +192,12 @@ def _add_read_and_mcp(
     )
     part.add_argument("--pointer", default=None, help="RFC 6901 pointer to the node to read")
     part.add_argument(
-        "--start", type=_positive, default=None, help="first item (or character) of the window"
+        "--start", type=positive, default=None, help="first item (or character) of the window"
     )
-    part.add_argument("--stop", type=_positive, default=None, help="end of the window (exclusive)")
+    part.add_argument("--stop", type=positive, default=None, help="end of the window (exclusive)")
     part.add_argument(
         "--max-bytes",
-        type=_positive,
+        type=positive,
         default=None,
         help="the most JSON the part may hold (default 65536, at least 256)",
     )
@@ -251,7 +215,7 @@ def _add_read_and_mcp(
     mcp.add_argument(
         "--max-bytes",
         metavar="N",
-        type=_positive,
+        type=positive,
         default=100_000,
         help="the most one reply may hold, text and structured content together "
         "(default: %(default)s)",
@@ -275,7 +239,7 @@ def _add_proxy(sub: _Sub, parents: list[_Parser]) -> None:
     proxy.add_argument(
         "--above",
         metavar="BYTES",
-        type=_positive,
+        type=positive,
         help="compact results above this many bytes "
         f"(default: {DEFAULTS['summarize_above_bytes']})",
     )
@@ -283,18 +247,18 @@ def _add_proxy(sub: _Sub, parents: list[_Parser]) -> None:
     proxy.add_argument(
         "--ladder", metavar="NAME", default="default", help="ladder name (default: %(default)s)"
     )
-    _add_budget_options(proxy)
+    add_budget_options(proxy)
     proxy.add_argument(
         "--max-bytes",
         metavar="N",
-        type=_positive,
+        type=positive,
         default=100_000,
         help="cap on every read_exact reply (default: %(default)s)",
     )
     proxy.add_argument(
         "--text-bytes",
         metavar="N",
-        type=_positive,
+        type=positive,
         default=16_000,
         help="cap on the text that replaces a compacted result (default: %(default)s)",
     )
@@ -324,7 +288,7 @@ def _add_verify_and_prune(sub: _Sub, root: _Parser) -> None:
     prune.add_argument(
         "--max-entries",
         metavar="N",
-        type=_positive,
+        type=positive,
         default=DEFAULTS["max_entries"],
         help="keep at most N live entries of each kind (default: %(default)s)",
     )
@@ -354,7 +318,7 @@ def _add_demo(sub: _Sub, model: _Parser) -> None:
     demo.add_argument(
         "--orders",
         metavar="N",
-        type=_positive,
+        type=positive,
         default=100_000,
         help="how many orders to generate, about 330 bytes each (default: %(default)s)",
     )

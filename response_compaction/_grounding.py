@@ -1,0 +1,95 @@
+"""Grounding: a summary may not name identifiers that are nowhere in what it summarizes. Pure.
+
+For each summary field the caller lists in ``grounded``, every string in it is scanned for
+identifiers, and each must occur in the canonical exact bytes or in the profile text;
+otherwise the summary is ``ungrounded`` and the ladder moves on. An identifier is:
+
+- a URL (``http://`` or ``https://`` up to whitespace or a closing quote/bracket);
+- a quoted name: text between double quotes, backticks or curly quotes, and between single
+  quotes standing as quotes (not an apostrophe inside a word), 2 to 80 characters;
+- a code or id: a token of letters, digits and ``_ - . : / #`` that holds both a letter and
+  a digit (``ERR-1042``, ``u42``, ``a3f9c2``), or a token of 6 or more digits, alone or
+  joined by separators (``48213377``, ``2018-08-28``, ``14:22:52.143``). A number with an
+  ordinal or unit suffix (``95th``, ``250ms``, ``5MB``) is a measure, not an identifier.
+
+Plain words and short numbers are never checked: counts, averages and prose are a summary's
+job (but a computed figure with 6 or more digits, like ``12345.678``, is checked). The
+false-positive risk (a good summary rejected): a model that reformats an identifier
+(``ERR 1042`` for ``ERR-1042``, a date written another way, changed case, a URL with a
+trailing slash added), quotes a paraphrase instead of the data's text, or names something
+only the caller's instructions contain. Ground only fields meant to carry names copied from
+the data (ids, codes, URLs), not free prose.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import msgspec
+
+__all__ = ["identifiers", "ungrounded"]
+
+_URL = re.compile(r"https?://[^\s\"'<>`)\]}]+")
+_QUOTED = re.compile(
+    r"\"([^\"\n]{2,80})\"|`([^`\n]{2,80})`|“([^”\n]{2,80})”|(?<!\w)'([^'\n]{2,80})'(?!\w)"
+)
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/#-]*[A-Za-z0-9]|\d{6,}")
+_LETTER = re.compile(r"[A-Za-z]")
+_DIGIT = re.compile(r"\d")
+_TRAILING = ".,;:!?"
+# A number with an ordinal or unit suffix (95th, 250ms, 5MB, 10x) is a measure, not a name.
+_MEASURE = re.compile(r"\d+(?:\.\d+)?(?:st|nd|rd|th|ms|s|m|h|d|k|kb|mb|gb|tb|x)", re.IGNORECASE)
+
+
+def identifiers(text: str) -> Iterator[str]:
+    """The identifiers in ``text`` by the rule in the module docstring."""
+    for match in _URL.finditer(text):
+        yield match.group().rstrip(_TRAILING)
+    rest = _URL.sub(" ", text)
+    for match in _QUOTED.finditer(rest):
+        yield next(g for g in match.groups() if g is not None)
+    for match in _TOKEN.finditer(rest):
+        token = match.group().rstrip(_TRAILING)
+        if not _LETTER.search(token):
+            # Digits alone or joined by separators: an id, date, time or version once it
+            # holds 6 digits; a shorter number is a count or a measure.
+            if sum(c.isdigit() for c in token) >= 6:
+                yield token
+        elif _LETTER.search(token) and _DIGIT.search(token) and not _MEASURE.fullmatch(token):
+            yield token
+
+
+def ungrounded(summary: Any, fields: Sequence[str], haystacks: Sequence[bytes | memoryview]) -> int:
+    """How many identifiers in ``summary``'s ``fields`` occur in none of ``haystacks``."""
+    builtins = msgspec.to_builtins(summary)
+    missing = 0
+    for name in fields:
+        value = builtins.get(name) if isinstance(builtins, dict) else None
+        for text in _strings(value):
+            for ident in identifiers(text):
+                if not _occurs(ident, haystacks):
+                    missing += 1
+    return missing
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _occurs(ident: str, haystacks: Sequence[bytes | memoryview]) -> bool:
+    raw = ident.encode()
+    escaped = msgspec.json.encode(ident)[1:-1]  # how canonical JSON writes it inside a string
+    for haystack in haystacks:
+        data = bytes(haystack) if isinstance(haystack, memoryview) else haystack
+        if data.find(raw) >= 0 or (escaped != raw and data.find(escaped) >= 0):
+            return True
+    return False
