@@ -143,10 +143,11 @@ def locate(data: Node, tokens: Sequence[str]) -> Node:
             if _INDEX.fullmatch(token) is None:
                 raise LookupError(f"pointer token at depth {depth + 1} is not an array index")
             items = _items(node)
-            index = int(token)
-            if index >= len(items):
+            # A token of thousands of digits is a well-formed index past any end; int() would
+            # refuse it (Python's digit limit) with a ValueError, as if the pointer were bad.
+            if len(token) > len(str(len(items))) or int(token) >= len(items):
                 raise LookupError(f"array index at depth {depth + 1} is out of range")
-            node = items[index]
+            node = items[int(token)]
         else:
             raise LookupError(f"pointer goes below a {kind} at depth {depth + 1}")
     return node

@@ -195,6 +195,7 @@ async def test_number_longer_than_the_bound_is_cut_like_a_string(harness: rc.Har
         ("/a~2", ValueError),
         ("/nope", LookupError),
         ("/rows/200", LookupError),
+        ("/rows/" + "9" * 5000, LookupError),
         ("/rows/01", LookupError),
         ("/rows/-", LookupError),
         ("/flag/x", LookupError),
