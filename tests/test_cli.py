@@ -416,6 +416,17 @@ def test_demo_is_imported_only_when_it_runs() -> None:
     assert done.stdout == "False\n"
 
 
+def test_read_part_checks_the_schema_first(tmp_path: Path) -> None:
+    """``read --schema T --pointer P`` is broken when the value is not a T, as without --pointer."""
+    ref = store_in_process(tmp_path, {"x": [1, 2]})
+    for extra in ((), ("--pointer", "/x")):
+        done = cli("read", ref, "--root", tmp_path, "--schema", "tests.schemas:Exact", *extra)
+        assert done.returncode == 4, done.stdout
+        assert b"broken: exact entry does not verify" in done.stderr
+    ok = cli("read", ref, "--root", tmp_path, "--schema", "typing:Any", "--pointer", "/x/1")
+    assert (ok.returncode, json.loads(ok.stdout)["value"]) == (0, 2)
+
+
 def test_read_pages_with_pointer_start_stop_and_max_bytes(tmp_path: Path) -> None:
     """``read --pointer --start --stop --max-bytes`` prints one bounded part, then pages on."""
     document = big_document(500)

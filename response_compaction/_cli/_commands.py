@@ -231,11 +231,12 @@ def _note_failures(receipt: Receipt) -> None:
 
 
 async def _read(args: argparse.Namespace) -> int:
-    window = (args.pointer, args.start, args.stop, args.max_bytes)
-    result: Found[Any] | Missing | Broken
-    if all(option is None for option in window):
+    whole = all(option is None for option in (args.pointer, args.start, args.stop, args.max_bytes))
+    result: Found[Any] | Missing | Broken = Found(value=None)
+    if whole or args.schema is not Any:
+        # As the MCP tool: a --schema is checked against the whole value before a part is cut.
         result = await response_compaction_read_exact(_harness(args), args.ref, args.schema)
-    else:
+    if not whole and isinstance(result, Found):
         result = await response_compaction_read_part(
             _harness(args),
             args.ref,
