@@ -17,6 +17,7 @@ import msgspec
 
 from .. import sync
 from .._compact import response_compact
+from .._part import MIN_MAX_BYTES
 from .._pydantic import pydantic_plain
 from .._read import response_compaction_read_part
 from ..mcp import read_result_as_dict
@@ -31,6 +32,8 @@ READ_EXACT_DESCRIPTION = (
     "complete, total_items, next_start: call again with start=next_start for more); "
     "'missing' when it expired; 'broken' or 'error' with a detail."
 )
+#: Room kept in a read-back reply for everything but the part's value and the echoed pointer.
+_REPLY_OVERHEAD = 320
 
 
 class AgentSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,14 +136,9 @@ class Compactor:
         max_bytes: int | None = None,
     ) -> str:
         """:meth:`read` for a worker thread, through the blocking facade."""
-        read = functools.partial(
-            sync.response_compaction_read_part,
-            self.harness,
-            exact_ref,
-            **self._window(pointer, start, stop, max_bytes),
-        )
         try:
-            result = read()
+            window = self._window(pointer, start, stop, max_bytes)
+            result = sync.response_compaction_read_part(self.harness, exact_ref, **window)
         except (LookupError, ValueError) as exc:
             return _json({"state": "error", "detail": str(exc)})
         return _json(read_result_as_dict(result))
@@ -148,7 +146,12 @@ class Compactor:
     def _window(
         self, pointer: str, start: int | None, stop: int | None, max_bytes: int | None
     ) -> dict[str, Any]:
-        cap = self.max_bytes if max_bytes is None else max(256, min(max_bytes, self.max_bytes))
+        # The reply echoes the pointer beside the part and its fields: all of it fits the cap.
+        echoed = len(msgspec.json.encode(pointer)) if isinstance(pointer, str) else 0
+        room = self.max_bytes - _REPLY_OVERHEAD - echoed
+        if room < MIN_MAX_BYTES:
+            raise ValueError("this tool's reply cap (max_bytes) is too small for this pointer")
+        cap = room if max_bytes is None else max(MIN_MAX_BYTES, min(max_bytes, room))
         return {"pointer": pointer, "start": start, "stop": stop, "max_bytes": cap}
 
     def read_function(self) -> Callable[..., Any]:
