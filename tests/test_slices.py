@@ -189,6 +189,32 @@ async def test_a_layout_with_swapped_field_names_cannot_swap_the_fields(
     assert found == rc.Found(value=value)
 
 
+class IntLists(msgspec.Struct, frozen=True):
+    a: list[int]
+    b: list[int]
+
+
+async def test_a_span_moved_onto_a_field_whose_value_looks_like_the_marker_changes_nothing(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """A forged span naming ``b`` over ``a``'s items is refused even when ``b`` holds ``[0]``."""
+    value = IntLists(a=list(range(200_000)), b=[0])
+    compacted = await rc.response_compact(harness, value, IntLists, Summary, OPTIONS)
+    assert compacted.receipt.exact_bytes > 1 << 20
+    hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
+    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
+    with sqlite3.connect(index) as conn:
+        (stored,) = conn.execute(
+            "SELECT layout FROM entries WHERE key = ?", (hex_digest,)
+        ).fetchone()
+        (span,) = msgspec.json.decode(stored, type=tuple[Span, ...])
+        assert span.field == "a"
+        forged = encode_layout([Span("b", span.start, span.end, span.slices)])
+        conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (forged, hex_digest))
+    found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, IntLists)
+    assert found == rc.Found(value=value)
+
+
 async def test_a_span_naming_a_field_but_pointing_at_a_nested_array_changes_nothing() -> None:
     """A span that names a top-level field but cuts an array nested elsewhere is not believed."""
 
