@@ -91,6 +91,9 @@ def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | Non
                 return None
             cuts.append(_Cut(field.name, span, types[field.name]))
     elif _plain_list(info) and len(spans) == 1 and spans[0].field is None:
+        # The top-level array is the whole document: a span over a nested array is not it.
+        if spans[0].start != 0 or spans[0].end != len(data):
+            return None
         cuts.append(_Cut(None, spans[0], schema))
     else:
         return None
