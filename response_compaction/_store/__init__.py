@@ -27,10 +27,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import itertools
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +43,10 @@ from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
+from ._commit import publish
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
 from ._index import Index, Row
+from ._oneshot import SMALL_BYTES, put_small, read_checked, touch
 from ._paths import (
     KINDS,
     ROOT_NAME,
@@ -58,9 +61,18 @@ from ._paths import (
     sweep_temps,
     unlink_quietly,
 )
-from ._verify import EntryReport, check_entry, checked_value, read_all, verify_file
+from ._verify import EntryReport, check_entry, checked_value, decoded, read_all, verify_file
 
-__all__ = ["KINDS", "ROOT_NAME", "EntryReport", "Kind", "Store", "Stored", "open_store"]
+__all__ = [
+    "KINDS",
+    "ROOT_NAME",
+    "EntryReport",
+    "Kind",
+    "Store",
+    "Stored",
+    "open_store",
+    "publish",
+]
 
 Clock = Callable[[], float]
 _INDEX_ERRORS = "could not use the store index"
@@ -80,7 +92,9 @@ async def open_store(fs: Any) -> Store:
     """The store below ``fs.workspace_temp_dir()``, created and checked on first use.
 
     A :class:`LocalWorkspace` may carry a clock and a file backend (tests inject faults
-    there); other workspaces get the running event loop's backend.
+    there); other workspaces get the running event loop's backend. The root is created and
+    checked once per process and workspace; every later operation still opens each directory
+    without following links and checks its owner and mode, inside its own worker-thread call.
     """
     file_backend: FileBackend | None = None
     if isinstance(fs, LocalWorkspace):
@@ -89,18 +103,28 @@ async def open_store(fs: Any) -> Store:
         clock = getattr(fs, "clock", None)  # the duck-typed workspace contract of earlier builds
     backend = file_backend or current_backend()
     base = os.fspath(fs.workspace_temp_dir())
-    with map_errors(f"cannot use the workspace {base!r} for the store"):
-        root = await backend.run(prepare_root, base)
-    return Store(root, clock or time.time, backend)
+    root = _prepared.get((os.getpid(), base))
+    if root is None:
+        with map_errors(f"cannot use the workspace {base!r} for the store"):
+            root = await backend.run(prepare_root, base)
+        _prepared[(os.getpid(), base)] = root
+    return Store(root, clock or time.time, backend, fast=file_backend is None)
+
+
+# Roots created and checked by this process, by workspace directory.
+_prepared: dict[tuple[int, str], str] = {}
 
 
 class Store:
     """Content-addressed entries under an owned root, with TTL and LRU in an index."""
 
-    def __init__(self, root: str, clock: Clock, backend: FileBackend) -> None:
+    def __init__(self, root: str, clock: Clock, backend: FileBackend, *, fast: bool) -> None:
         self.root = root
         self.clock = clock
         self._backend = backend
+        # The one-hop paths of ``_oneshot`` bypass the backend's file calls: only for the
+        # library's own backends, never for an injected one.
+        self._fast = fast
 
     @contextlib.asynccontextmanager
     async def _using_index(self) -> AsyncIterator[Index]:
@@ -136,8 +160,21 @@ class Store:
         either way nothing is published and no temporary file is left behind, also when
         cancelled.
         """
-        backend = self._backend
         temp_name = f"{secrets.token_hex(12)}.tmp"
+        if self._fast:
+            head, size, rest = _gather(pieces, SMALL_BYTES)
+            if rest is None:
+                data = b"".join(head)
+                row = Row(
+                    hashlib.sha256(data).hexdigest(),
+                    size,
+                    0.0,
+                    encode_layout(layout) if layout else None,
+                )
+                return await self._put_small(kind, key, data, row, schema, ttl_seconds,
+                                             max_entries, want_value_up_to)  # fmt: skip
+            pieces = itertools.chain(head, rest)
+        backend = self._backend
         with map_errors(f"could not retain the {kind} value"):
             tmp_fd = await backend.run(open_dir, os.path.join(self.root, "tmp"), False)
             published = False
@@ -168,6 +205,37 @@ class Store:
                         await backend.run(unlink_quietly, temp_name, tmp_fd)
                     await backend.run(os.close, tmp_fd)
         return Stored(hex_digest=hex_digest, size=size, reused=reused, value=value)
+
+    async def _put_small(
+        self,
+        kind: Kind,
+        key: str | None,
+        data: bytes,
+        row: Row,
+        schema: Any,
+        ttl_seconds: int,
+        max_entries: int,
+        want_value_up_to: int,
+    ) -> Stored:
+        """One hop: reuse a live intact entry, or write, verify and publish ``data``."""
+        now = self.clock()
+        row = row._replace(expires_at=now + ttl_seconds)
+        temp_name = f"{secrets.token_hex(12)}.tmp"
+        with map_errors(f"could not retain the {kind} value"):
+            done = await self._backend.run(
+                put_small,
+                self.root,
+                temp_name,
+                kind,
+                key or row.digest,
+                data,
+                row,
+                schema,
+                now,
+                max_entries,
+            )
+        value = done.value if row.size <= want_value_up_to else None
+        return Stored(hex_digest=row.digest, size=row.size, reused=done.reused, value=value)
 
     async def _write_verified(
         self,
@@ -210,6 +278,27 @@ class Store:
 
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
         """Read, digest-check and validate one entry; a read counts as a use."""
+        if not self._fast:
+            return await self._get_stepwise(kind, key, schema)
+        now = self.clock()
+        with map_errors(f"could not read the {kind} entry"):
+            got = await self._backend.run(read_checked, self.root, kind, key, now)
+        if got is None:
+            return Missing()
+        if isinstance(got, str):
+            return Broken(detail=got)
+        row, data = got
+        try:
+            value = await decoded(data, schema, decode_layout(row.layout))
+        except ValueError as exc:
+            return Broken(detail=f"{kind} entry does not verify: {exc}")
+        with map_errors(_INDEX_ERRORS):
+            await self._backend.run(touch, self.root, kind, key, now)
+        return Found(value=value)
+
+    async def _get_stepwise(
+        self, kind: Kind, key: str, schema: Any
+    ) -> Found[Any] | Missing | Broken:
         async with self._using_index() as index:
             row = await self._backend.run(index.lookup, kind, key)
             now = self.clock()
@@ -286,24 +375,6 @@ class Store:
 # ----------------------------------------------------------------- blocking, in worker threads
 
 
-def publish(
-    index: Index, temp_name: str, kind: Kind, key: str, row: Row, now: float, max_entries: int
-) -> bool:
-    """Rename the verified temp file into place, record it and evict, under the write lock.
-
-    Returns whether ``key`` was live before.
-    """
-    with index.transaction() as tx, Dirs(index.root) as dirs:
-        reused = tx.is_live(kind, key, now)
-        dirs.publish(temp_name, kind, key)
-        tx.upsert(kind, key, row, now)
-        victims = tx.victims((kind,), now, max_entries, keep=key, expired_limit=64)
-        for victim_kind, victim_key in victims:
-            tx.delete(victim_kind, victim_key)
-            dirs.unlink(victim_kind, victim_key)
-    return reused
-
-
 def _prune(index: Index, now: float, max_entries: int | None) -> int:
     with index.transaction() as tx, Dirs(index.root) as dirs:
         victims = tx.victims(KINDS, now, max_entries)
@@ -327,6 +398,21 @@ def _remove(index: Index, kind: Kind, key: str) -> None:
     with index.transaction() as tx, Dirs(index.root) as dirs:
         tx.delete(kind, key)
         dirs.unlink(kind, key)
+
+
+def _gather(
+    pieces: Iterable[bytes | memoryview], limit: int
+) -> tuple[list[bytes | memoryview], int, Iterator[bytes | memoryview] | None]:
+    """Consume ``pieces`` until more than ``limit`` bytes: (head, its size, the rest or None)."""
+    it = iter(pieces)
+    head: list[bytes | memoryview] = []
+    size = 0
+    for piece in it:
+        head.append(piece)
+        size += len(piece)
+        if size > limit:
+            return head, size, it
+    return head, size, None
 
 
 async def _write_all(file: AsyncBinaryFile, piece: bytes | memoryview) -> None:

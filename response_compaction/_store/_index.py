@@ -96,6 +96,15 @@ class Transaction:
             (kind, key, row.digest, row.size, row.expires_at, now, row.layout),
         )
 
+    def renew(self, kind: Kind, key: str, row: Row, now: float) -> bool:
+        """Give the live row of ``key`` holding ``row``'s digest a new expiry; False if none."""
+        cursor = self._conn.execute(
+            "UPDATE entries SET expires_at = ?, last_used = max(last_used, ?)"
+            " WHERE kind = ? AND key = ? AND digest = ? AND size = ? AND expires_at > ?",
+            (row.expires_at, now, kind, key, row.digest, row.size, now),
+        )
+        return cursor.rowcount == 1
+
     def victims(
         self,
         kinds: tuple[Kind, ...],

@@ -27,6 +27,7 @@ __all__ = [
     "Dirs",
     "Kind",
     "NotRegularFileError",
+    "check_root",
     "open_dir",
     "open_fanout",
     "opener",
@@ -94,6 +95,25 @@ def prepare_root(base: str) -> str:
     if first:
         sweep_temps(root, time.time() - STALE_TEMP_SECONDS)
     return root
+
+
+def check_root(root: str) -> None:
+    """Check the root and its subdirectories as :func:`prepare_root` does, without sweeping.
+
+    Run at the start of every one-hop operation (a few syscalls), so a root checked once per
+    process is still refused the moment a directory becomes a symlink or shared. A root
+    removed meanwhile is made again.
+    """
+    try:
+        root_fd = open_dir(root, create=False)
+    except FileNotFoundError:
+        prepare_root(os.path.dirname(root))
+        return
+    try:
+        for sub in ("tmp", *KINDS):
+            os.close(open_dir(sub, create=True, dir_fd=root_fd))
+    finally:
+        os.close(root_fd)
 
 
 def sweep_temps(root: str, older_than: float) -> int:

@@ -21,7 +21,14 @@ from ._fileio import FileBackend
 from ._index import Entry
 from ._paths import FILE_FLAGS, Kind, open_fanout, regular_opener
 
-__all__ = ["EntryReport", "check_bytes", "check_entry", "checked_value", "verify_file"]
+__all__ = [
+    "EntryReport",
+    "check_bytes",
+    "check_entry",
+    "checked_value",
+    "decoded",
+    "verify_file",
+]
 
 #: Verifying more bytes than this runs in a worker process: msgspec holds the GIL while it
 #: decodes, and a thread would freeze the caller's event loop for the whole decode.
@@ -71,7 +78,12 @@ async def checked_value(
 ) -> Any:
     """Digest-check ``data`` off the loop, then decode it, in slices when it is large."""
     await backend.run(check_bytes, data, hex_digest, size)
-    if size < GC_PAUSE_BYTES:
+    return await decoded(data, schema, spans)
+
+
+async def decoded(data: bytes, schema: Any, spans: tuple[Span, ...]) -> Any:
+    """Decode checked bytes on the loop: whole when small, else in slices with the GC paused."""
+    if len(data) < GC_PAUSE_BYTES:
         return decode_exact(data, schema)
     with paused_gc():
         return await decode_sliced(data, schema, spans, anyio.lowlevel.checkpoint)

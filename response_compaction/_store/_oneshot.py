@@ -1,0 +1,211 @@
+"""Small values in one worker-thread hop: every blocking step of a put or a get in one call.
+
+A hop to a worker thread costs about 50 us; the streaming algorithm of ``Store.put`` takes a
+dozen of them (open, write, fsync, close, open, read, close, hash, index, publish...), which
+for a 2 KB value cost four times the work itself. A small value is already whole in memory,
+so here the same steps run in the same order with the same checks (write looping on short
+writes, fsync of the file, read back, digest, schema, rename under the index's write lock,
+fsync of the directory) inside one blocking call.
+
+Only the library's own file backends take this path; an injected backend (the tests' fault
+seam) gets the streaming algorithm, call by call.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any, NamedTuple
+
+from .._canonical import decode_exact
+from .._errors import map_errors
+from . import _index
+from ._commit import publish, renew
+from ._index import Index, Row
+from ._paths import (
+    FILE_FLAGS,
+    Kind,
+    NotRegularFileError,
+    check_root,
+    open_dir,
+    open_fanout,
+    regular_opener,
+    unlink_quietly,
+)
+from ._verify import check_bytes
+
+__all__ = ["INDEX_ERRORS", "SMALL_BYTES", "Put", "put_small", "read_checked", "touch"]
+
+INDEX_ERRORS = "could not use the store index"
+
+#: Values up to this size are buffered on the loop and stored in one hop; decoding this much
+#: holds the GIL for well under a millisecond.
+SMALL_BYTES = 256 << 10
+
+
+class Put(NamedTuple):
+    """What :func:`put_small` did: whether the key was live before, and the verified value."""
+
+    reused: bool
+    value: Any
+
+
+def put_small(
+    root: str,
+    temp_name: str,
+    kind: Kind,
+    key: str,
+    data: bytes,
+    row: Row,
+    schema: Any,
+    now: float,
+    max_entries: int,
+) -> Put:
+    """Store ``data`` (whose sha256 is ``row.digest``) as ``key``, verified, in one call.
+
+    An entry already live under ``key`` with the same digest, whose bytes on disk are intact and
+    validate, is not rewritten: its TTL is renewed. Anything else (absent, expired, tampered,
+    evicted meanwhile) is written afresh. Raises ``ValueError`` if the bytes do not validate.
+    """
+    check_root(root)
+    with map_errors(INDEX_ERRORS):
+        index = _index.acquire(root)
+    try:
+        renewed = _renew_if_intact(index, kind, key, data, row, schema, now, max_entries)
+        if renewed is not None:
+            return renewed
+        return _write_new(index, temp_name, kind, key, data, row, schema, now, max_entries)
+    finally:
+        _index.release(index)
+
+
+def _renew_if_intact(
+    index: Index,
+    kind: Kind,
+    key: str,
+    data: bytes,
+    row: Row,
+    schema: Any,
+    now: float,
+    max_entries: int,
+) -> Put | None:
+    with map_errors(INDEX_ERRORS):
+        existing = index.lookup(kind, key)
+    if existing is None or existing.expires_at <= now:
+        return None
+    if existing.digest != row.digest or existing.size != len(data):
+        return None
+    try:
+        on_disk = _read_entry(index.root, kind, key)
+    except OSError:
+        return None  # gone, or not a regular file: write it afresh
+    if on_disk != data:  # equal bytes hash to the digest we computed from ``data``
+        return None
+    value = decode_exact(on_disk, schema)  # ValueError: the value does not validate
+    with map_errors(f"could not renew the {kind} value in the store index"):
+        renewed = renew(index, kind, key, row, now, max_entries)
+    return Put(reused=True, value=value) if renewed else None
+
+
+def _write_new(
+    index: Index,
+    temp_name: str,
+    kind: Kind,
+    key: str,
+    data: bytes,
+    row: Row,
+    schema: Any,
+    now: float,
+    max_entries: int,
+) -> Put:
+    tmp_fd = _open_tmp(index.root)
+    published = False
+    try:
+        fd = os.open(
+            temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd
+        )
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # a failing close after fsync is still a failure to retain
+        back = _read_regular(temp_name, tmp_fd)
+        check_bytes(back, row.digest, len(data))
+        value = decode_exact(back, schema)
+        with map_errors(f"could not publish the {kind} value in the store index"):
+            reused = publish(index, temp_name, kind, key, row, now, max_entries)
+        published = True
+    finally:
+        if not published:
+            unlink_quietly(temp_name, tmp_fd)
+        os.close(tmp_fd)
+    return Put(reused=reused, value=value)
+
+
+def read_checked(root: str, kind: Kind, key: str, now: float) -> tuple[Row, bytes] | str | None:
+    """Look ``key`` up and read its bytes, checked against the row: (row, bytes).
+
+    None when there is no live row or the file is gone (a concurrent eviction); a string
+    saying what is wrong when the bytes cannot be trusted.
+    """
+    check_root(root)
+    with map_errors(INDEX_ERRORS):
+        index = _index.acquire(root)
+        try:
+            row = index.lookup(kind, key)
+        finally:
+            _index.release(index)
+    if row is None or row.expires_at <= now:
+        return None
+    try:
+        data = _read_entry(root, kind, key)
+    except FileNotFoundError:
+        return None
+    except NotRegularFileError:
+        return f"{kind} entry is not a regular file"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{kind} entry is a symlink; refusing to follow it"
+        raise
+    try:
+        check_bytes(data, row.digest, row.size)
+    except ValueError as exc:
+        return f"{kind} entry does not verify: {exc}"
+    return row, data
+
+
+def touch(root: str, kind: Kind, key: str, now: float) -> None:
+    """Count a read as a use."""
+    with map_errors(INDEX_ERRORS):
+        index = _index.acquire(root)
+        try:
+            index.touch(kind, key, now)
+        finally:
+            _index.release(index)
+
+
+def _open_tmp(root: str) -> int:
+    return open_dir(os.path.join(root, "tmp"), False)
+
+
+def _read_entry(root: str, kind: Kind, key: str) -> bytes:
+    fan_fd = open_fanout(root, kind, key)
+    try:
+        return _read_regular(key, fan_fd)
+    finally:
+        os.close(fan_fd)
+
+
+def _read_regular(name: str, dir_fd: int) -> bytes:
+    fd = regular_opener(dir_fd)(name, os.O_RDONLY)
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        return file.readall()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]
