@@ -43,7 +43,7 @@ from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
-from ._commit import publish
+from ._commit import prune_all, publish, remove_entry
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
 from ._index import Index, Row
 from ._oneshot import SMALL_BYTES, put_small, read_checked, touch
@@ -51,7 +51,6 @@ from ._paths import (
     KINDS,
     ROOT_NAME,
     STALE_TEMP_SECONDS,
-    Dirs,
     Kind,
     NotRegularFileError,
     open_dir,
@@ -343,7 +342,7 @@ class Store:
         """
         now = self.clock()
         async with self._using_index() as index:
-            removed = await self._backend.run(_prune, index, now, max_entries)
+            removed = await self._backend.run(prune_all, index, now, max_entries)
         # Temp files carry real file times, so their age is judged by the real clock.
         with map_errors("could not sweep the store's temporary files"):
             removed += await self._backend.run(
@@ -354,7 +353,7 @@ class Store:
     async def remove(self, kind: Kind, key: str) -> None:
         """Delete one entry (row and file), e.g. one that ``verify`` found broken."""
         async with self._using_index() as index:
-            await self._backend.run(_remove, index, kind, key)
+            await self._backend.run(remove_entry, index, kind, key)
 
     async def verify(self) -> list[EntryReport]:
         """Re-check every recorded entry's bytes against its digest (not its schema)."""
@@ -373,31 +372,6 @@ class Store:
 
 
 # ----------------------------------------------------------------- blocking, in worker threads
-
-
-def _prune(index: Index, now: float, max_entries: int | None) -> int:
-    with index.transaction() as tx, Dirs(index.root) as dirs:
-        victims = tx.victims(KINDS, now, max_entries)
-        for kind, key in victims:
-            tx.delete(kind, key)
-            dirs.unlink(kind, key)
-        removed = len(victims)
-        # A writer renames its file into place and records the row inside one write
-        # transaction; we hold that lock, so a file without a row was left by a writer that
-        # died between the two. Nobody will ever read it.
-        for kind in KINDS:
-            recorded = tx.keys(kind)
-            for name in list(dirs.entry_files(kind)):
-                if name not in recorded:
-                    dirs.unlink(kind, name)
-                    removed += 1
-    return removed
-
-
-def _remove(index: Index, kind: Kind, key: str) -> None:
-    with index.transaction() as tx, Dirs(index.root) as dirs:
-        tx.delete(kind, key)
-        dirs.unlink(kind, key)
 
 
 def _gather(

@@ -7,9 +7,9 @@ one-hop paths of ``_oneshot``.
 from __future__ import annotations
 
 from ._index import Index, Row, Transaction
-from ._paths import Dirs, Kind
+from ._paths import KINDS, Dirs, Kind
 
-__all__ = ["publish", "renew"]
+__all__ = ["prune_all", "publish", "remove_entry", "renew"]
 
 #: Expired rows deleted per commit, so one write never pays for a long-idle store's backlog.
 EXPIRED_PER_COMMIT = 64
@@ -49,3 +49,30 @@ def _evict(tx: Transaction, dirs: Dirs, kind: Kind, key: str, now: float, bound:
     for victim_kind, victim_key in victims:
         tx.delete(victim_kind, victim_key)
         dirs.unlink(victim_kind, victim_key)
+
+
+def prune_all(index: Index, now: float, max_entries: int | None) -> int:
+    """Evict expired and surplus entries, and files no row names; how many files went."""
+    with index.transaction() as tx, Dirs(index.root) as dirs:
+        victims = tx.victims(KINDS, now, max_entries)
+        for kind, key in victims:
+            tx.delete(kind, key)
+            dirs.unlink(kind, key)
+        removed = len(victims)
+        # A writer renames its file into place and records the row inside one write
+        # transaction; we hold that lock, so a file without a row was left by a writer that
+        # died between the two. Nobody will ever read it.
+        for kind in KINDS:
+            recorded = tx.keys(kind)
+            for name in list(dirs.entry_files(kind)):
+                if name not in recorded:
+                    dirs.unlink(kind, name)
+                    removed += 1
+    return removed
+
+
+def remove_entry(index: Index, kind: Kind, key: str) -> None:
+    """Delete one entry, row and file."""
+    with index.transaction() as tx, Dirs(index.root) as dirs:
+        tx.delete(kind, key)
+        dirs.unlink(kind, key)
