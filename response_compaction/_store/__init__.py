@@ -37,6 +37,7 @@ from typing import Any
 
 import anyio
 
+from .. import _pool
 from .._canonical import Span
 from .._errors import map_errors
 from .._harness import LocalWorkspace
@@ -104,6 +105,7 @@ async def open_store(fs: Any) -> Store:
     base = os.fspath(fs.workspace_temp_dir())
     root = _prepared.get((os.getpid(), base))
     if root is None:
+        _pool.POOL.start()  # warm before the first large value needs it
         with map_errors(f"cannot use the workspace {base!r} for the store"):
             root = await backend.run(prepare_root, base)
         _prepared[(os.getpid(), base)] = root
@@ -272,6 +274,7 @@ class Store:
             schema,
             tuple(layout or ()),
             want_value=size <= size_for_value,
+            use_worker=self._fast,
         )
         return hex_digest, size, value
 

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
-import pickle
-import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
 import anyio.lowlevel
-import anyio.to_process
 
+from .. import _pool
 from .._canonical import Span, decode_exact
 from .._perf import paused_gc
 from .._slices import decode_sliced
@@ -28,11 +25,13 @@ __all__ = [
     "checked_value",
     "decoded",
     "verify_file",
+    "verify_path",
 ]
 
-#: Verifying more bytes than this runs in a worker process: msgspec holds the GIL while it
-#: decodes, and a thread would freeze the caller's event loop for the whole decode.
-PROCESS_VERIFY_BYTES = 8 << 20
+#: Verifying at least this many bytes (when nobody needs the value) runs in a worker process
+#: when one is idle: msgspec holds the GIL while it decodes, so a thread would freeze the
+#: caller's event loop for the whole decode, and concurrent verifications would share a core.
+WORKER_VERIFY_BYTES = 512 << 10
 #: Decoding more bytes than this in the caller's process pauses the cyclic GC meanwhile:
 #: a full collection over a freshly decoded tree can cost more than the decode itself.
 GC_PAUSE_BYTES = 1 << 20
@@ -98,20 +97,17 @@ async def verify_file(
     spans: tuple[Span, ...],
     *,
     want_value: bool,
+    use_worker: bool,
 ) -> Any:
     """Read a fresh temp file back and verify it; its value if ``want_value``, else None.
 
-    Large files nobody needs the value of are verified in a worker process when the schema
-    can travel there. Raises ``ValueError`` with what is wrong.
+    Large files nobody needs the value of are verified in a worker process when
+    ``use_worker``, one is idle and the schema can travel there; otherwise here, through
+    ``backend``. Raises ``ValueError`` with what is wrong.
     """
-    if size >= PROCESS_VERIFY_BYTES and not want_value and _worker_can_load(schema):
-        try:
-            problem = await anyio.to_process.run_sync(
-                _verify_in_worker, path, hex_digest, size, schema, cancellable=True
-            )
-        except (anyio.BrokenWorkerProcess, ImportError, AttributeError, pickle.PickleError):
-            pass  # the worker could not load the schema: verify here instead
-        else:
+    if use_worker and size >= WORKER_VERIFY_BYTES and not want_value:
+        problem = await _pool.verify(path, hex_digest, size, schema)
+        if problem is not _pool.NOT_DONE:
             if problem is not None:
                 raise ValueError(problem)
             return None
@@ -120,35 +116,20 @@ async def verify_file(
     return value if want_value else None
 
 
-def _verify_in_worker(path: str, hex_digest: str, size: int, schema: Any) -> str | None:
-    """Runs in a worker process: read the file back and verify it, GC off (we own the process).
+def verify_path(path: str, hex_digest: str, size: int, schema: Any) -> str | None:
+    """In a worker process: read the file back and verify it; what is wrong, or None.
 
-    Returns what is wrong, or None; raising is kept for "this worker could not do the job".
+    ``OSError`` is left to the caller: "this worker could not do the job", not a verdict.
     """
     fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
-    gc.disable()
     try:
         check_bytes(data, hex_digest, size)
         decode_exact(data, schema)
     except ValueError as exc:
         return str(exc)
-    finally:
-        gc.enable()
     return None
-
-
-def _worker_can_load(schema: Any) -> bool:
-    """Whether a fresh interpreter can unpickle ``schema`` (a module-level type, by reference)."""
-    module = sys.modules.get(getattr(schema, "__module__", ""), None)
-    if module is None or (module.__name__ == "__main__" and not getattr(module, "__file__", None)):
-        return False
-    try:
-        pickle.dumps(schema)
-    except Exception:
-        return False
-    return True
 
 
 def check_entry(root: str, entry: Entry, expired: bool) -> EntryReport:
