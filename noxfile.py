@@ -27,11 +27,12 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Ruff (lint and format check) and mypy --strict."""
+    """Ruff (lint and format check), mypy --strict, and the size limits (modules, functions)."""
     _install(session, "lint", "bench")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    session.run("mypy")
+    session.run("mypy")  # covers tests/typing_usage.py, the user's view of the API
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_sizes.py")
 
 
 @nox.session(default=False)

@@ -358,7 +358,7 @@ class Suite:
             Result(section, "floor in a worker thread (to_thread)", backend, [], freeze=freeze)
         )
         shutil.rmtree(directory, ignore_errors=True)
-        return home.fs.workspace_temp_dir(), ref
+        return str(home.fs.workspace_temp_dir()), ref
 
     async def _timed(
         self,

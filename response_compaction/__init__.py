@@ -7,13 +7,17 @@
 Blocking twins live in :mod:`response_compaction.sync`.
 """
 
+from importlib import metadata as _metadata
+
 from ._compact import response_compact as response_compact
 from ._compact import response_compaction_read_exact as response_compaction_read_exact
 from ._errors import SchemaError as SchemaError
 from ._errors import StoreError as StoreError
 from ._errors import UnsafeStoreError as UnsafeStoreError
 from ._harness import Harness as Harness
+from ._harness import HarnessLike as HarnessLike
 from ._harness import LocalWorkspace as LocalWorkspace
+from ._harness import Workspace as Workspace
 from ._models import Attempt as Attempt
 from ._models import Broken as Broken
 from ._models import Compacted as Compacted
@@ -38,6 +42,7 @@ __all__ = (
     "FallbackOutput",
     "Found",
     "Harness",
+    "HarnessLike",
     "LocalWorkspace",
     "Missing",
     "OpenAICatalog",
@@ -49,8 +54,18 @@ __all__ = (
     "SummaryModel",
     "SummaryRequest",
     "UnsafeStoreError",
+    "Workspace",
     "response_compact",
     "response_compaction_read_exact",
 )
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    # pyproject.toml is the one place the version is written; an uninstalled checkout has none.
+    try:
+        return _metadata.version("response-compaction")
+    except _metadata.PackageNotFoundError:  # pragma: no cover - only without an install
+        return "0+unknown"
+
+
+__version__ = _version()

@@ -7,37 +7,60 @@ delegate to them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal, TypeVar, overload
 
 from msgspec import UNSET, UnsetType
 
 from ._canonical import DIGEST_PREFIX, Span, iter_canonical, to_exact_value
+from ._harness import HarnessLike
 from ._models import (
     Broken,
     Compacted,
+    CompactionOptions,
     ExactOutput,
     FallbackOutput,
+    FallbackReason,
     Found,
     Missing,
+    ReadResult,
     Receipt,
     SummarizedOutput,
 )
 from ._options import resolve_options
-from ._refs import exact_ref_for, parse_exact_ref
+from ._refs import MalformedRefError, exact_ref_for, parse_exact_ref
 from ._schema import strict_json_schema
-from ._store import open_store
+from ._store import Store, Stored, open_store
 from ._summarize import SummaryOutcome, summarize
 
 __all__ = ["response_compact", "response_compaction_read_exact"]
 
+E = TypeVar("E")
+S = TypeVar("S")
 
+
+@overload
 async def response_compact(
-    harness: Any,
-    exact_response: Any,
-    exact_schema: Any,
-    summary_schema: Any,
-    options: Any,
+    harness: HarnessLike,
+    exact_response: object,
+    exact_schema: type[E],
+    summary_schema: type[S],
+    options: CompactionOptions[S] | Mapping[str, Any],
+) -> Compacted[E, S]: ...
+@overload
+async def response_compact(
+    harness: HarnessLike,
+    exact_response: object,
+    exact_schema: object,
+    summary_schema: object,
+    options: CompactionOptions[Any] | Mapping[str, Any],
+) -> Compacted[Any, Any]: ...
+async def response_compact(
+    harness: HarnessLike,
+    exact_response: object,
+    exact_schema: object,
+    summary_schema: object,
+    options: CompactionOptions[Any] | Mapping[str, Any],
 ) -> Compacted[Any, Any]:
     """Retain ``exact_response`` exactly, then hand back the value, a summary, or the fallback.
 
@@ -57,43 +80,20 @@ async def response_compact(
     started = time.perf_counter()
     opts = resolve_options(options, summary_schema)
     llm = harness.llm
-    routes: tuple[str, ...] = ()
-    json_schema: dict[str, Any] = {}
-    if llm is not None:
-        routes = tuple(llm.routes(opts.ladder))
-        json_schema = strict_json_schema(summary_schema)
+    # Checked before anything is stored: an unknown ladder or an inexpressible schema.
+    routes = () if llm is None else tuple(llm.routes(opts.ladder))
+    json_schema = {} if llm is None else strict_json_schema(summary_schema)
     value = to_exact_value(exact_response, exact_schema)
     store = await open_store(harness.fs)
     head = _Head(opts.shown_bytes)
-    layout: list[Span] = []
-    stored = await store.put(
-        "exact",
-        head.watch(iter_canonical(value, layout=layout)),
-        key=None,
-        schema=exact_schema,
-        ttl_seconds=opts.ttl_seconds,
-        max_entries=opts.max_entries,
-        want_value_up_to=opts.summarize_above_bytes,
-        layout=layout,
-    )
-    digest = DIGEST_PREFIX + stored.hex_digest
-    facts: dict[str, Any] = {
-        "exact_ref": exact_ref_for(digest),
-        "exact_digest": digest,
-        "exact_bytes": stored.size,
-        "exact_cache": "reused" if stored.reused else "stored",
-    }
+    stored = await _store_exact(store, value, exact_schema, opts, head)
+    exact = _ExactFacts(DIGEST_PREFIX + stored.hex_digest, stored.size, reused=stored.reused)
     if stored.size <= opts.summarize_above_bytes:
-        return Compacted(
-            output=ExactOutput(value=stored.value),
-            receipt=Receipt(**facts, summary_cache="not_needed", elapsed_ms=_ms(started)),
-        )
+        return Compacted(output=ExactOutput(value=stored.value), receipt=exact.receipt(started))
     if llm is None:
         return Compacted(
             output=FallbackOutput(value=opts.fallback),
-            receipt=Receipt(
-                **facts, summary_cache="none", fallback_reason="no_llm", elapsed_ms=_ms(started)
-            ),
+            receipt=exact.receipt(started, summary_cache="none", fallback_reason="no_llm"),
         )
     outcome = await summarize(
         store=store,
@@ -102,7 +102,7 @@ async def response_compact(
         json_schema=json_schema,
         summary_schema=summary_schema,
         options=opts,
-        exact_digest=digest,
+        exact_digest=exact.digest,
         exact_bytes=stored.size,
         shown=head.data(),
     )
@@ -111,21 +111,23 @@ async def response_compact(
         if outcome.value is None
         else SummarizedOutput(value=outcome.value)
     )
+    shown_bytes = min(stored.size, len(head.data()))
     return Compacted(
-        output=output,
-        receipt=Receipt(
-            **facts,
-            **_summary_facts(outcome),
-            ladder=opts.ladder,
-            shown_bytes=min(stored.size, len(head.data())),
-            elapsed_ms=_ms(started),
-        ),
+        output=output, receipt=_summary_receipt(exact, outcome, opts.ladder, shown_bytes, started)
     )
 
 
+@overload
 async def response_compaction_read_exact(
-    harness: Any, exact_ref: str, exact_schema: Any
-) -> Found[Any] | Missing | Broken:
+    harness: HarnessLike, exact_ref: str, exact_schema: type[E]
+) -> Found[E] | Missing | Broken: ...
+@overload
+async def response_compaction_read_exact(
+    harness: HarnessLike, exact_ref: str, exact_schema: object
+) -> Found[Any] | Missing | Broken: ...
+async def response_compaction_read_exact(
+    harness: HarnessLike, exact_ref: str, exact_schema: object
+) -> ReadResult[Any]:
     """Read an exact value back by its reference.
 
     ``Found(value)`` when present, unexpired, digest-matching and valid against
@@ -133,11 +135,83 @@ async def response_compaction_read_exact(
     for a malformed reference, bytes that do not match the digest, or content that does not
     validate. A malformed reference never touches the filesystem. A read counts as a use.
     """
-    parsed = parse_exact_ref(exact_ref)
-    if isinstance(parsed, str):
-        return Broken(detail=parsed)
+    try:
+        parsed = parse_exact_ref(exact_ref)
+    except MalformedRefError as error:
+        return Broken(detail=str(error))
     store = await open_store(harness.fs)
     return await store.get("exact", parsed.hex, exact_schema)
+
+
+async def _store_exact(
+    store: Store, value: object, schema: object, opts: CompactionOptions[Any], head: _Head
+) -> Stored:
+    """Write the canonical bytes (the head watching what the model may be shown)."""
+    layout: list[Span] = []
+    return await store.put(
+        "exact",
+        head.watch(iter_canonical(value, layout=layout)),
+        key=None,
+        schema=schema,
+        ttl_seconds=opts.ttl_seconds,
+        max_entries=opts.max_entries,
+        want_value_up_to=opts.summarize_above_bytes,
+        layout=layout,
+    )
+
+
+class _ExactFacts:
+    """What the receipt says about the exact value, whatever happens to the summary."""
+
+    __slots__ = ("digest", "ref", "reused", "size")
+
+    def __init__(self, digest: str, size: int, *, reused: bool) -> None:
+        self.digest = digest
+        self.ref = exact_ref_for(digest)
+        self.size = size
+        self.reused = reused
+
+    def receipt(
+        self,
+        started: float,
+        *,
+        summary_cache: Literal["not_needed", "none"] = "not_needed",
+        fallback_reason: FallbackReason | UnsetType = UNSET,
+    ) -> Receipt:
+        """The receipt of a call that asked no model: exact, or the ``no_llm`` fallback."""
+        return Receipt(
+            exact_ref=self.ref,
+            exact_digest=self.digest,
+            exact_bytes=self.size,
+            exact_cache="reused" if self.reused else "stored",
+            summary_cache=summary_cache,
+            fallback_reason=fallback_reason,
+            elapsed_ms=_ms(started),
+        )
+
+
+def _summary_receipt(
+    exact: _ExactFacts, outcome: SummaryOutcome, ladder: str, shown_bytes: int, started: float
+) -> Receipt:
+    """The receipt of a call that went to the summary step (a cache hit, a summary, or not)."""
+    attempts = outcome.attempts
+    return Receipt(
+        exact_ref=exact.ref,
+        exact_digest=exact.digest,
+        exact_bytes=exact.size,
+        exact_cache="reused" if exact.reused else "stored",
+        summary_cache=outcome.cache,
+        summary_digest=outcome.digest,
+        summary_bytes=outcome.size,
+        ladder=ladder,
+        route=outcome.route,
+        attempts=attempts if outcome.cache != "hit" else UNSET,
+        fallback_reason=outcome.reason,
+        shown_bytes=shown_bytes,
+        input_tokens=_total(a.input_tokens for a in attempts) if attempts else UNSET,
+        output_tokens=_total(a.output_tokens for a in attempts) if attempts else UNSET,
+        elapsed_ms=_ms(started),
+    )
 
 
 class _Head:
@@ -175,21 +249,6 @@ def _whole_characters(data: bytes) -> bytes:
             length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
             return data if back >= length else data[:-back]
     return data
-
-
-def _summary_facts(outcome: SummaryOutcome) -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "summary_cache": outcome.cache,
-        "summary_digest": outcome.digest,
-        "summary_bytes": outcome.size,
-        "route": outcome.route,
-        "fallback_reason": outcome.reason,
-        "attempts": outcome.attempts if outcome.cache != "hit" else UNSET,
-    }
-    if outcome.attempts:
-        facts["input_tokens"] = _total(a.input_tokens for a in outcome.attempts)
-        facts["output_tokens"] = _total(a.output_tokens for a in outcome.attempts)
-    return facts
 
 
 def _total(counts: Iterable[int | UnsetType]) -> int | UnsetType:

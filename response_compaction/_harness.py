@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    # Types only: _summarize reaches the store, and the store reads LocalWorkspace from here.
     from ._store._fileio import FileBackend
+    from ._summarize import SummaryModel
 
-__all__ = ["Harness", "LocalWorkspace", "Workspace"]
+__all__ = ["Closable", "Harness", "HarnessLike", "LocalWorkspace", "Workspace"]
 
 
 class Workspace(Protocol):
@@ -18,6 +20,30 @@ class Workspace(Protocol):
 
     def workspace_temp_dir(self) -> str | os.PathLike[str]:
         """The directory below which the library keeps its own store directory."""
+
+
+class HarnessLike(Protocol):
+    """What the coroutines need from a harness: a workspace and a summary model (or None)."""
+
+    @property
+    def fs(self) -> Workspace:
+        """Where the store lives."""
+
+    @property
+    def llm(self) -> SummaryModel | None:
+        """Which models summarize; None: nothing is summarized (fallback ``no_llm``)."""
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A summary model that holds resources bound to the loop it ran on (e.g. an HTTP client).
+
+    Optional: :mod:`response_compaction.sync` awaits ``aclose()`` on its background loop
+    before stopping it, for every model it has run that has one.
+    """
+
+    async def aclose(self) -> None:
+        """Release what the model holds; called once, on the loop that used it."""
 
 
 class LocalWorkspace:
@@ -54,5 +80,5 @@ class Harness:
     Any object with ``.fs`` and ``.llm`` attributes is accepted wherever a Harness is.
     """
 
-    fs: Any
-    llm: Any = None
+    fs: Workspace
+    llm: SummaryModel | None = None

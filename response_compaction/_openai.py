@@ -57,6 +57,10 @@ class OpenAICatalog:
             known = ", ".join(sorted(self._ladders)) or "none"
             raise LookupError(f"unknown ladder {ladder!r} (known: {known})") from None
 
+    async def aclose(self) -> None:
+        """Close ``client``: the sync facade calls this on its loop before stopping it."""
+        await self.client.close()
+
     async def complete(self, route: str, request: SummaryRequest) -> RungReply:
         """One structured completion on ``route``, classified."""
         import openai

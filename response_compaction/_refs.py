@@ -15,7 +15,14 @@ import msgspec
 
 from ._canonical import DIGEST_PREFIX
 
-__all__ = ["ParsedRef", "exact_ref_for", "hex_of_digest", "parse_exact_ref", "summary_key"]
+__all__ = [
+    "MalformedRefError",
+    "ParsedRef",
+    "exact_ref_for",
+    "hex_of_digest",
+    "parse_exact_ref",
+    "summary_key",
+]
 
 _REF_PREFIX = "rc1:"
 _REF = re.compile(r"rc1:([0-9a-f]{64})")
@@ -44,14 +51,20 @@ def hex_of_digest(digest: str) -> str:
     return hex_part
 
 
-def parse_exact_ref(ref: object) -> ParsedRef | str:
-    """Parse a reference; return the problem as a sentence when it is malformed."""
+class MalformedRefError(ValueError):
+    """A reference that is not ``"rc1:" + 64 lowercase hex``; the message says why."""
+
+
+def parse_exact_ref(ref: object) -> ParsedRef:
+    """Parse a reference; raise :class:`MalformedRefError` when it is malformed."""
     if not isinstance(ref, str):
-        return f"exact_ref must be a str, got {type(ref).__name__}"
+        raise MalformedRefError(f"exact_ref must be a str, got {type(ref).__name__}")
     match = _REF.fullmatch(ref)
     if match is None:
         shown = ref if len(ref) <= 80 else ref[:77] + "..."
-        return f"malformed exact_ref {shown!r}: expected 'rc1:' followed by 64 lowercase hex"
+        raise MalformedRefError(
+            f"malformed exact_ref {shown!r}: expected 'rc1:' followed by 64 lowercase hex"
+        )
     return ParsedRef(match.group(1))
 
 

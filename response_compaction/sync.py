@@ -11,9 +11,10 @@ from call to call, and any number of threads may call at once.
 
 That client is bound to the background loop once it has been used here, and a client cannot
 move between event loops: use it either through this module or from your own event loop,
-not both. :func:`close` closes every client this module has run and stops the loop; it also
-runs at interpreter exit, so a script that never calls it leaves no thread or socket behind.
-A later call starts a fresh loop.
+not both. :func:`close` closes every model this module has run that has an ``aclose()``
+(``OpenAICatalog`` closes its client) and stops the loop; it also runs at interpreter exit, so
+a script that never calls it leaves no thread or socket behind. A later call starts a fresh
+loop.
 
 Called from a thread that is running an event loop (asyncio or trio), these raise
 ``RuntimeError``: blocking there would freeze that loop, so await the coroutine instead.
@@ -23,38 +24,54 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import inspect
+import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Future
+from contextlib import ExitStack
+from typing import Any, TypeVar, overload
 
 import sniffio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from . import _compact
-from ._models import Broken, Compacted, Found, Missing
+from ._harness import Closable, HarnessLike
+from ._models import Broken, Compacted, CompactionOptions, Found, Missing
 
 __all__ = ("close", "response_compact", "response_compaction_read_exact")
 
+E = TypeVar("E")
+S = TypeVar("S")
 T = TypeVar("T")
-_lock = threading.Lock()
-_portal: BlockingPortal | None = None
-_portal_cm: AbstractContextManager[BlockingPortal] | None = None
-# Clients bound to the background loop, closed on that loop before it stops.
-_clients: weakref.WeakSet[Any] = weakref.WeakSet()
-_atexit_registered = False
-# Set once the interpreter is exiting: see _run.
-_exiting = threading.Event()
 
 
+@overload
 def response_compact(
-    harness: Any, exact_response: Any, exact_schema: Any, summary_schema: Any, options: Any
+    harness: HarnessLike,
+    exact_response: object,
+    exact_schema: type[E],
+    summary_schema: type[S],
+    options: CompactionOptions[S] | Mapping[str, Any],
+) -> Compacted[E, S]: ...
+@overload
+def response_compact(
+    harness: HarnessLike,
+    exact_response: object,
+    exact_schema: object,
+    summary_schema: object,
+    options: CompactionOptions[Any] | Mapping[str, Any],
+) -> Compacted[Any, Any]: ...
+def response_compact(
+    harness: HarnessLike,
+    exact_response: object,
+    exact_schema: object,
+    summary_schema: object,
+    options: CompactionOptions[Any] | Mapping[str, Any],
 ) -> Compacted[Any, Any]:
     """Blocking :func:`response_compaction.response_compact`: same arguments, same result."""
-    return _run(
+    return _loop.call(
         "response_compact",
         harness,
         _compact.response_compact,
@@ -66,11 +83,19 @@ def response_compact(
     )
 
 
+@overload
 def response_compaction_read_exact(
-    harness: Any, exact_ref: str, exact_schema: Any
+    harness: HarnessLike, exact_ref: str, exact_schema: type[E]
+) -> Found[E] | Missing | Broken: ...
+@overload
+def response_compaction_read_exact(
+    harness: HarnessLike, exact_ref: str, exact_schema: object
+) -> Found[Any] | Missing | Broken: ...
+def response_compaction_read_exact(
+    harness: HarnessLike, exact_ref: str, exact_schema: object
 ) -> Found[Any] | Missing | Broken:
     """Blocking :func:`response_compaction.response_compaction_read_exact`."""
-    return _run(
+    return _loop.call(
         "response_compaction_read_exact",
         harness,
         _compact.response_compaction_read_exact,
@@ -81,72 +106,136 @@ def response_compaction_read_exact(
 
 
 def close() -> None:
-    """Close the model clients these functions have used and stop the background loop.
+    """Close the models these functions have run (their ``aclose()``) and stop the loop.
 
     Calls still in flight in other threads are cancelled (they raise
     ``concurrent.futures.CancelledError``). Runs by itself at interpreter exit, so a daemon
     thread blocked in a call cannot hang the exit; there the call's coroutine is cancelled
-    (its cleanup runs) and the waiting thread is left asleep for the interpreter to end.
+    (its cleanup runs) and the waiting thread is not woken (see ``_BackgroundLoop.call``).
     Safe to call more than once; the next blocking call starts a new loop.
     """
-    global _portal, _portal_cm
-    with _lock:
-        portal, portal_cm = _portal, _portal_cm
-        _portal = _portal_cm = None
-        clients = list(_clients)
-        _clients.clear()
-        if portal is None or portal_cm is None:
-            return
-        try:
-            portal.call(_close_clients, clients)
-            portal.call(portal.stop, True)  # cancel calls still in flight in other threads
-        finally:
-            portal_cm.__exit__(None, None, None)  # joins the loop thread
+    _loop.close()
 
 
-def _close_at_exit() -> None:
-    _exiting.set()
-    close()
+class _Escaped:
+    """A ``KeyboardInterrupt`` or ``SystemExit`` from a coroutine, carried to its caller.
+
+    Left to propagate on the background loop, it would stop the loop for every caller and
+    every later call ("This portal is not running"); it belongs to the calling thread.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
-async def _close_clients(clients: list[Any]) -> None:
-    for client in clients:
-        try:
-            await client.close()
-        except Exception:  # noqa: S112 - closing is best effort; one bad client must not stop it
-            continue
-
-
-def _run(name: str, harness: Any, func: Callable[..., Awaitable[T]], *args: Any) -> T:
-    future = _portal_for(name, harness).start_task_soon(func, *args)
+async def _contained(func: Callable[..., Awaitable[T]], *args: Any) -> T | _Escaped:
     try:
-        return future.result()
-    except BaseException:
-        # Ctrl-C (or any exception raised in this thread while waiting) cancels the coroutine
-        # too, instead of leaving it running unseen; its own cleanup is shielded.
-        future.cancel()
-        if _exiting.is_set():
-            # The exit hook cancelled this call. Waking a daemon thread to raise and print
-            # into an interpreter that is finalizing can abort the process (stderr's lock);
-            # stay asleep: the interpreter ends daemon threads where they stand.
-            threading.Event().wait()
-        raise
+        return await func(*args)
+    except (KeyboardInterrupt, SystemExit) as error:
+        return _Escaped(error)
 
 
-def _portal_for(name: str, harness: Any) -> BlockingPortal:
-    global _portal, _portal_cm, _atexit_registered
-    _refuse_inside_event_loop(name)
-    client = getattr(getattr(harness, "llm", None), "client", None)
-    with _lock:
-        if _portal is None:
-            _portal_cm = start_blocking_portal("asyncio", name="response-compaction-sync")
-            _portal = _portal_cm.__enter__()
-            if not _atexit_registered:
-                atexit.register(_close_at_exit)
-                _atexit_registered = True
-        if client is not None and inspect.iscoroutinefunction(getattr(client, "close", None)):
-            _clients.add(client)
-        return _portal
+class _BackgroundLoop:
+    """One event loop on its own thread, started on first use; ``close()`` stops it.
+
+    Its lifecycle is one ``ExitStack``: entering starts the portal's thread; unwinding closes
+    the models run on it, cancels calls still in flight, and joins the thread.
+    """
+
+    def __init__(self, backend: str = "asyncio") -> None:
+        self._backend = backend
+        self._lock = threading.Lock()
+        self._stack: ExitStack | None = None
+        self._portal: BlockingPortal | None = None
+        # Models bound to this loop, closed on it before it stops.
+        self._models: weakref.WeakSet[Closable] = weakref.WeakSet()
+        self._exiting = threading.Event()
+        self._atexit_registered = False
+
+    def call(
+        self, name: str, harness: HarnessLike, func: Callable[..., Awaitable[T]], *args: Any
+    ) -> T:
+        """Run ``func(*args)`` on the loop and wait for it in this thread."""
+        _refuse_inside_event_loop(name)
+        future: Future[T | _Escaped]
+        future = self._portal_for(harness).start_task_soon(_contained, func, *args)
+        try:
+            result = future.result()
+        except BaseException:
+            # Ctrl-C (or any exception raised in this thread while waiting) cancels the
+            # coroutine too, instead of leaving it running unseen; its own cleanup is shielded.
+            future.cancel()
+            if self._exiting.is_set():
+                # The exit hook cancelled this call. Waking a daemon thread to raise and print
+                # into an interpreter that is finalizing can abort the process (stderr's
+                # lock); this thread stays asleep and the interpreter ends it where it stands.
+                threading.Event().wait()
+            raise
+        if isinstance(result, _Escaped):
+            raise result.error
+        return result
+
+    def close(self) -> None:
+        """Close the models, cancel calls in flight, stop the loop and join its thread."""
+        with self._lock:
+            stack, self._stack, self._portal = self._stack, None, None
+        if stack is not None:
+            stack.close()
+
+    def close_at_exit(self) -> None:
+        """:meth:`close`, for ``atexit``: calls still waiting are cancelled but not woken."""
+        self._exiting.set()
+        self.close()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child the loop thread does not exist: start afresh there."""
+        self._lock = threading.Lock()
+        self._exiting = threading.Event()
+        self._stack = self._portal = None
+        self._models = weakref.WeakSet()
+
+    def _portal_for(self, harness: HarnessLike) -> BlockingPortal:
+        model = getattr(harness, "llm", None)
+        with self._lock:
+            if self._portal is None:
+                self._portal = self._start()
+                if not self._atexit_registered:
+                    # On first use, not at import: atexit runs last-registered first, so a
+                    # caller's own exit hooks registered before this see the loop stopped.
+                    atexit.register(self.close_at_exit)
+                    self._atexit_registered = True
+            if isinstance(model, Closable):
+                # One that cannot be weakly referenced is left for its owner to close.
+                with contextlib.suppress(TypeError):
+                    self._models.add(model)
+            return self._portal
+
+    def _start(self) -> BlockingPortal:
+        with ExitStack() as stack:
+            portal = stack.enter_context(
+                start_blocking_portal(self._backend, name="response-compaction-sync")
+            )
+            # Unwound in reverse: close the models on the loop, then cancel what is still in
+            # flight, then leave the portal (which joins the loop thread).
+            stack.callback(portal.call, portal.stop, True)
+            stack.callback(self._close_models, portal)
+            self._stack = stack.pop_all()
+        return portal
+
+    def _close_models(self, portal: BlockingPortal) -> None:
+        models = list(self._models)
+        self._models.clear()
+        portal.call(_aclose_all, models)
+
+
+async def _aclose_all(models: list[Closable]) -> None:
+    for model in models:
+        try:
+            await model.aclose()
+        except Exception:  # noqa: S112 - closing is best effort; one bad model must not stop it
+            continue
 
 
 def _refuse_inside_event_loop(name: str) -> None:
@@ -167,13 +256,5 @@ def _refuse_inside_event_loop(name: str) -> None:
     )
 
 
-def _forget_after_fork() -> None:
-    # The loop thread does not exist in a forked child: start afresh there.
-    global _lock, _portal, _portal_cm, _clients, _exiting
-    _lock = threading.Lock()
-    _exiting = threading.Event()
-    _portal = _portal_cm = None
-    _clients = weakref.WeakSet()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+_loop = _BackgroundLoop()
+os.register_at_fork(after_in_child=_loop.forget_after_fork)

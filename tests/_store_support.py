@@ -57,9 +57,9 @@ def ref_of(value: Any) -> str:
     return "rc1:" + hex_of(value)
 
 
-def store_root(workspace: rc.LocalWorkspace | str | Path) -> Path:
+def store_root(workspace: rc.Workspace | str | Path) -> Path:
     """The library's directory below a workspace."""
-    base = workspace.path if isinstance(workspace, rc.LocalWorkspace) else workspace
+    base = workspace if isinstance(workspace, str | Path) else workspace.workspace_temp_dir()
     return Path(base) / ROOT_NAME
 
 
@@ -196,6 +196,7 @@ class FaultyBackend:
 def with_backend(harness: rc.Harness, backend: FileBackend) -> rc.Harness:
     """``harness`` on the same workspace and clock, its store using ``backend``."""
     fs = harness.fs
+    assert isinstance(fs, rc.LocalWorkspace)
     return rc.Harness(
         fs=rc.LocalWorkspace(fs.path, clock=fs.clock, file_backend=backend), llm=harness.llm
     )

@@ -354,3 +354,16 @@ def test_prune_broken_removes_only_what_verify_finds_broken(tmp_path: Path) -> N
     assert cli("verify", "--root", tmp_path).returncode == 0
     assert cli("read", kept, "--root", tmp_path).returncode == 0
     assert cli("read", tampered, "--root", tmp_path).returncode == 3
+
+
+def test_demo_is_imported_only_when_it_runs() -> None:
+    """Starting the CLI (parser and commands) does not import the demo's generator."""
+    script = (
+        "import sys; from response_compaction._cli import build_parser; "
+        "build_parser().parse_args(['read', 'rc1:' + '0' * 64]); "
+        "print('response_compaction._cli._demo' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout == "False\n"

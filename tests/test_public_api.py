@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import msgspec
 import pytest
 
@@ -27,28 +29,53 @@ def test_exports_come_from_private_modules() -> None:
         assert module.startswith("response_compaction._"), (name, module)
 
 
+#: The public names users and outside acceptance tests rely on (the project's contract, kept
+#: here so this repository states it): removing or renaming one is a breaking change.
+CONTRACT_NAMES = (
+    "Attempt",
+    "Broken",
+    "Compacted",
+    "CompactionOptions",
+    "ExactOutput",
+    "FallbackOutput",
+    "Found",
+    "Harness",
+    "LocalWorkspace",
+    "Missing",
+    "OpenAICatalog",
+    "Receipt",
+    "SummarizedOutput",
+    "response_compact",
+    "response_compaction_read_exact",
+)
+#: The blocking twins in ``response_compaction.sync``.
+SYNC_NAMES = ("close", "response_compact", "response_compaction_read_exact")
+
+
 def test_contract_names_exist() -> None:
-    """Every name CONTRACT.md lists is importable from the package."""
-    for name in (
-        "response_compact",
-        "response_compaction_read_exact",
-        "Harness",
-        "LocalWorkspace",
-        "OpenAICatalog",
-        "CompactionOptions",
-        "Compacted",
-        "Receipt",
-        "Attempt",
-        "ExactOutput",
-        "SummarizedOutput",
-        "FallbackOutput",
-        "Found",
-        "Missing",
-        "Broken",
-    ):
+    """Every contract name is exported in ``__all__`` and importable from the package."""
+    for name in CONTRACT_NAMES:
+        assert name in rc.__all__, name
         assert hasattr(rc, name), name
-    assert callable(rc_sync.response_compact)
-    assert callable(rc_sync.response_compaction_read_exact)
+
+
+def test_sync_exports_its_twins() -> None:
+    """``response_compaction.sync`` exports exactly the blocking twins and close()."""
+    assert sorted(rc_sync.__all__) == sorted(SYNC_NAMES)
+    for name in SYNC_NAMES:
+        assert callable(getattr(rc_sync, name)), name
+
+
+def test_star_import_gives_exactly_all() -> None:
+    """``from response_compaction import *`` binds exactly the names in ``__all__``."""
+    namespace: dict[str, object] = {}
+    exec("from response_compaction import *", namespace)  # noqa: S102 - a fixed import line
+    assert set(namespace) - {"__builtins__"} == set(rc.__all__)
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    """``__version__`` is the installed distribution's version, written once in pyproject."""
+    assert rc.__version__ == importlib.metadata.version("response-compaction")
 
 
 def test_outputs_and_read_results_carry_their_kind_and_state() -> None:

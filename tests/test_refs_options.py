@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import response_compaction as rc
 from response_compaction._options import resolve_options
 from response_compaction._refs import (
+    MalformedRefError,
     ParsedRef,
     exact_ref_for,
     hex_of_digest,
@@ -119,12 +120,12 @@ _not_str = st.one_of(
 
 @HYPOTHESIS
 @given(ref=_malformed_text | _not_str)
-def test_parser_never_raises_on_malformed_references(ref: object) -> None:
-    """The parser answers a sentence, never a ParsedRef and never an exception."""
+def test_parser_rejects_malformed_references(ref: object) -> None:
+    """The parser raises MalformedRefError with a sentence, never returns a ParsedRef."""
     assert VALID.fullmatch(ref) is None if isinstance(ref, str) else True
-    parsed = parse_exact_ref(ref)
-    assert isinstance(parsed, str)
-    assert parsed
+    with pytest.raises(MalformedRefError) as caught:
+        parse_exact_ref(ref)
+    assert str(caught.value)
 
 
 @settings(HYPOTHESIS, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -28,10 +28,12 @@ async def test_small_response_comes_back_exact_and_reads_back(harness: rc.Harnes
 async def test_any_as_the_exact_schema_round_trips(harness: rc.Harness) -> None:
     """typing.Any is a valid exact schema: builtins go in and come back out."""
     document = {"b": [1, 2.5, None], "a": "small"}
-    compacted = await rc.response_compact(
+    # Annotated: for the expression ``typing.Any`` mypy infers typeshed's ``class Any``.
+    compacted: rc.Compacted[Any, Summary] = await rc.response_compact(
         harness, document, Any, Summary, {"fallback": FALLBACK, "ladder": "cheap"}
     )
     assert compacted.output == rc.ExactOutput(value=document)
+    read: rc.Found[Any] | rc.Missing | rc.Broken
     read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
     assert read == rc.Found(value=document)
 

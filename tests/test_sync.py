@@ -233,3 +233,60 @@ def test_exit_cancels_a_call_still_in_flight(tmp_path: Path) -> None:
     # The coroutine was cancelled (its cleanup ran); the daemon thread was not woken to print
     # into a finalizing interpreter, which could abort the process.
     assert done.stderr == ""
+
+
+class _InterruptingModel:
+    """Raises KeyboardInterrupt from inside the model call, as a model adapter might."""
+
+    def routes(self, ladder: str) -> tuple[str, ...]:
+        return ("interrupts",)
+
+    async def complete(self, route: str, request: rc.SummaryRequest) -> rc.RungReply:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_loop_survives_a_keyboard_interrupt_from_a_model(harness: rc.Harness, backend: str) -> None:
+    """A KeyboardInterrupt raised inside the coroutine reaches the caller; later calls work."""
+    loop = sync._BackgroundLoop(backend)
+    interrupting = rc.Harness(fs=harness.fs, llm=_InterruptingModel())
+    options = {**OPTIONS, "ladder": "x"}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.call(
+                "response_compact",
+                interrupting,
+                rc.response_compact,
+                interrupting,
+                big_exact(100),
+                Exact,
+                Summary,
+                options,
+            )
+        value = Exact(rows=[], total=0)
+        after = loop.call(
+            "response_compact",
+            harness,
+            rc.response_compact,
+            harness,
+            value,
+            Exact,
+            Summary,
+            OPTIONS,
+        )
+        assert after.output.value == value
+    finally:
+        loop.close()
+    loop.close()
+
+
+def test_module_functions_survive_a_keyboard_interrupt(harness: rc.Harness) -> None:
+    """Through the module functions too: after the interrupt, calls and close() keep working."""
+    interrupting = rc.Harness(fs=harness.fs, llm=_InterruptingModel())
+    with pytest.raises(KeyboardInterrupt):
+        sync.response_compact(
+            interrupting, big_exact(100), Exact, Summary, {**OPTIONS, "ladder": "x"}
+        )
+    value = Exact(rows=[], total=0)
+    assert sync.response_compact(harness, value, Exact, Summary, OPTIONS).output.value == value
+    sync.close()

@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from ._compact import response_compact, response_compaction_read_exact
-from ._harness import Harness, LocalWorkspace
-from ._models import Found
+from .._compact import response_compact, response_compaction_read_exact
+from .._harness import Harness, LocalWorkspace
+from .._models import Found
 
 __all__ = ("LineItem", "Order", "Orders", "OrdersSummary", "fallback_for", "make_orders", "run")
 

@@ -1,0 +1,291 @@
+"""What each subcommand does: every one delegates to the library (coroutines or the store)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+
+from .._compact import response_compact, response_compaction_read_exact
+from .._harness import Harness, LocalWorkspace
+from .._models import CompactionOptions, Found, Missing
+from .._store import open_store
+from .._summarize import SummaryModel
+
+if TYPE_CHECKING:
+    from .._openai import OpenAICatalog  # imported when a model is configured: it loads openai
+
+__all__ = (
+    "COMMANDS",
+    "DEFAULTS",
+    "DEFAULT_FALLBACK",
+    "EXIT_BROKEN",
+    "EXIT_ERROR",
+    "EXIT_MISSING",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "DefaultSummary",
+    "ModelConfig",
+    "default_root",
+    "note",
+    "read_input",
+)
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISSING, EXIT_BROKEN = 0, 1, 2, 3, 4
+#: Inputs at least this large get a progress line on stderr (when stderr is a terminal).
+PROGRESS_BYTES = 4 << 20
+DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in msgspec.structs.fields(CompactionOptions) if f.required is False
+}
+
+
+class DefaultSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """The summary schema ``compact`` asks for unless ``--summary-schema`` names another."""
+
+    overview: str
+    critical_facts: list[str]
+
+
+DEFAULT_FALLBACK = DefaultSummary(
+    overview="The exact response was retained but not summarized; read it back by exact_ref.",
+    critical_facts=[],
+)
+
+
+def default_root() -> str:
+    """Where the CLI keeps its store unless ``--root`` says otherwise.
+
+    ``$RESPONSE_COMPACTION_ROOT``, else ``$XDG_CACHE_HOME/response-compaction``, else
+    ``~/.cache/response-compaction``.
+    """
+    explicit = os.environ.get("RESPONSE_COMPACTION_ROOT")
+    if explicit:
+        return explicit
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "response-compaction")
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Which model the environment configures, or why there is none."""
+
+    routes: tuple[str, ...]
+    base_url: str | None
+    api_key: str | None
+    ladder: str
+    why_not: str | None
+
+    @classmethod
+    def from_env(
+        cls, models: Sequence[str] | None, base_url: str | None, ladder: str
+    ) -> ModelConfig:
+        """``--model``/``RESPONSE_COMPACTION_MODEL``, ``--base-url``/``OPENAI_BASE_URL``, key."""
+        env_models = os.environ.get("RESPONSE_COMPACTION_MODEL", "")
+        routes = tuple(models or [m.strip() for m in env_models.split(",") if m.strip()])
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        api_key = os.environ.get("OPENAI_API_KEY") or None
+        why_not = None
+        if not routes:
+            why_not = "no model named: set RESPONSE_COMPACTION_MODEL or pass --model"
+        elif not (api_key or base_url):
+            why_not = "no endpoint: set OPENAI_API_KEY and/or OPENAI_BASE_URL (or --base-url)"
+        return cls(routes, base_url, api_key, ladder, why_not)
+
+    def describe(self) -> str:
+        """One line for a human."""
+        if self.why_not:
+            return f"none; {self.why_not}"
+        return f"{', '.join(self.routes)} at {self.base_url or 'https://api.openai.com/v1'}"
+
+    @contextlib.asynccontextmanager
+    async def catalog(self) -> AsyncIterator[OpenAICatalog | None]:
+        """An ``OpenAICatalog`` on a client made (and closed) in this event loop, or None."""
+        if self.why_not:
+            yield None
+            return
+        # The one place outside _openai.py that touches the SDK: the CLI owns its client.
+        import openai
+
+        from .._openai import OpenAICatalog
+
+        # Local OpenAI-compatible servers ignore the key, but the SDK insists on one.
+        async with openai.AsyncOpenAI(
+            api_key=self.api_key or "unused", base_url=self.base_url
+        ) as client:
+            yield OpenAICatalog(client, {self.ladder: self.routes})
+
+
+def _emit(value: Any) -> None:
+    data = msgspec.json.encode(value)
+    if sys.stdout.isatty():
+        data = msgspec.json.format(data, indent=2)
+    sys.stdout.buffer.write(data + b"\n")
+    sys.stdout.flush()
+
+
+def note(message: str) -> None:
+    print(f"response-compaction: {message}", file=sys.stderr, flush=True)
+
+
+def _harness(args: argparse.Namespace, llm: SummaryModel | None = None) -> Harness:
+    return Harness(fs=LocalWorkspace(args.root), llm=llm)
+
+
+@contextlib.contextmanager
+def _progress(label: str, show: bool) -> Iterator[None]:
+    """A live elapsed-time line on stderr while the body runs (a thread: the loop may be busy)."""
+    if not show:
+        yield
+        return
+    stop = threading.Event()
+    started = time.perf_counter()
+
+    def tick() -> None:
+        while True:
+            sys.stderr.write(f"\r\x1b[K{label} {time.perf_counter() - started:.1f} s")
+            sys.stderr.flush()
+            if stop.wait(0.2):
+                return
+
+    thread = threading.Thread(target=tick, name="response-compaction-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
+
+
+# ----------------------------------------------------------------------------- subcommands
+
+
+async def _compact(args: argparse.Namespace) -> int:
+    data: bytes = args.data
+    options: dict[str, Any] = {"fallback": args.fallback, "ladder": args.ladder}
+    for key, attr in (
+        ("summarize_above_bytes", "above"),
+        ("instructions", "instructions"),
+        ("timeout_ms", "timeout_ms"),
+        ("ttl_seconds", "ttl"),
+        ("max_entries", "max_entries"),
+        ("token_bound", "token_bound"),
+    ):
+        if getattr(args, attr) is not None:
+            options[key] = getattr(args, attr)
+    model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
+    show = len(data) >= PROGRESS_BYTES and sys.stderr.isatty()
+    async with model.catalog() as llm:
+        with _progress(f"compacting {len(data) / 1e6:.1f} MB", show):
+            compacted = await response_compact(
+                _harness(args, llm), msgspec.Raw(data), args.schema, args.summary_schema, options
+            )
+    if compacted.receipt.fallback_reason == "no_llm":
+        note(f"no model configured, so the fallback was returned ({model.why_not})")
+    _emit(compacted)
+    return EXIT_OK
+
+
+async def _read(args: argparse.Namespace) -> int:
+    result = await response_compaction_read_exact(_harness(args), args.ref, args.schema)
+    if isinstance(result, Found):
+        sys.stdout.buffer.write(msgspec.json.encode(result.value, order="sorted") + b"\n")
+        sys.stdout.flush()
+        return EXIT_OK
+    if isinstance(result, Missing):
+        note(f"missing: {args.ref} was never stored here, has expired, or was evicted")
+        return EXIT_MISSING
+    note(f"broken: {result.detail}")
+    return EXIT_BROKEN
+
+
+async def _verify(args: argparse.Namespace) -> int:
+    store = await open_store(LocalWorkspace(args.root))
+    reports = await store.verify()
+    counts = dict.fromkeys(("found", "expired", "missing", "broken"), 0)
+    broken = []
+    for report in reports:
+        counts[report.state] += 1
+        if report.state == "broken":
+            name = f"rc1:{report.key}" if report.kind == "exact" else report.key
+            broken.append({"kind": report.kind, "key": name, "detail": report.detail})
+            note(f"broken {report.kind} entry {name}: {report.detail}")
+    _emit({"root": store.root, **counts, "broken_entries": broken})
+    return EXIT_BROKEN if broken else EXIT_OK
+
+
+def _disk_usage(root: str) -> int:
+    total = 0
+    for sub in ("exact", "summary", "tmp"):
+        for dirpath, _, files in os.walk(os.path.join(root, sub)):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.stat(os.path.join(dirpath, name), follow_symlinks=False).st_size
+    return total
+
+
+async def _prune(args: argparse.Namespace) -> int:
+    store = await open_store(LocalWorkspace(args.root))
+    before = await anyio.to_thread.run_sync(_disk_usage, store.root)
+    removed = 0
+    if args.broken:
+        for report in await store.verify():
+            if report.state == "broken":
+                await store.remove(report.kind, report.key)
+                removed += 1
+    removed += await store.prune(args.max_entries)
+    after = await anyio.to_thread.run_sync(_disk_usage, store.root)
+    _emit(
+        {
+            "root": store.root,
+            "removed": removed,
+            "freed_bytes": max(0, before - after),
+            "remaining": await store.counts(),
+        }
+    )
+    return EXIT_OK
+
+
+async def _mcp(args: argparse.Namespace) -> int:
+    from ..mcp import serve_stdio  # imported here: the mcp extra is optional
+
+    await serve_stdio(_harness(args), exact_schema=args.schema)
+    return EXIT_OK
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from ._demo import run  # imported here: only the demo needs the generator and its timers
+
+    model = ModelConfig.from_env(args.model, args.base_url, "demo")
+    async with model.catalog() as llm:
+        return await run(args, llm, model.describe())
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
+    "compact": _compact,
+    "read": _read,
+    "verify": _verify,
+    "prune": _prune,
+    "mcp": _mcp,
+    "demo": _demo,
+}
+
+
+def read_input(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    with open(path, "rb") as file:
+        return file.read()
