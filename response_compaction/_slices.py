@@ -12,6 +12,13 @@ plain ``list[T]`` (no length constraints), the struct has no ``__post_init__``, 
 tile the array exactly with commas between them. Anything else is decoded whole. A span is a
 cutting hint over bytes that were already digest-checked, never a source of data: a wrong
 hint makes a slice fail to decode, and then the whole document is decoded instead.
+
+A layout is stored in the index, which an attacker may rewrite, so a span's *field name* is
+checked too: the document with each cut array replaced by a numbered marker is decoded as
+``dict[str, Raw]``, and each named top-level field must hold exactly its own marker (a span
+naming the wrong field, or pointing at a nested array, fails this). Slice boundaries need no
+such check: a cut anywhere but between two elements of that array leaves a slice with an open
+string or bracket, which does not decode.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ __all__ = ["Span", "decode_layout", "decode_sliced", "encode_layout"]
 
 _LAYOUT_ENCODER = msgspec.json.Encoder()
 _LAYOUT_DECODER = msgspec.json.Decoder(tuple[Span, ...])
+_TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def encode_layout(spans: Sequence[Span]) -> bytes:
@@ -135,11 +143,29 @@ async def decode_sliced(
     if None in items:
         return items[None]
     ordered = sorted(cuts, key=lambda c: c.span.start)
+    if not _placed_where_named(view, ordered):
+        return decode_exact(data, schema)  # a forged layout: only the whole decode is right
+    outer = decode_exact(_outer(view, ordered, lambda i: b"[]"), schema)
+    return msgspec.structs.replace(outer, **{str(k): v for k, v in items.items()})
+
+
+def _outer(view: memoryview, ordered: list[_Cut], placeholder: Callable[[int], bytes]) -> bytes:
     parts: list[bytes | memoryview] = []
     position = 0
-    for cut in ordered:
-        parts += [view[position : cut.span.start], b"[]"]
+    for i, cut in enumerate(ordered):
+        parts += [view[position : cut.span.start], placeholder(i)]
         position = cut.span.end
     parts.append(view[position:])
-    outer = decode_exact(b"".join(parts), schema)
-    return msgspec.structs.replace(outer, **{str(k): v for k, v in items.items()})
+    return b"".join(parts)
+
+
+def _placed_where_named(view: memoryview, ordered: list[_Cut]) -> bool:
+    """Whether each cut array is the whole value of the top-level field its span names."""
+    marked = _outer(view, ordered, lambda i: b"[%d]" % i)
+    try:
+        fields = _TOP_LEVEL.decode(marked)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return False
+    return all(
+        bytes(fields.get(str(cut.span.field), b"")) == b"[%d]" % i for i, cut in enumerate(ordered)
+    )

@@ -8,6 +8,12 @@ Modes (each runs on the anyio backend named on the command line):
 ``loop WS BACKEND TAG``
     Compact ``loop_value(TAG, i)`` for i = 0, 1, 2, ... forever, printing ``"i ref"`` and
     flushing after each compaction has returned (the parent SIGKILLs it).
+``hold WS``
+    Hold the store index's write lock (``BEGIN IMMEDIATE``), print ``locked``, and keep it
+    until stdin closes.
+``read WS BACKEND LIMIT REF...``
+    Under ``RLIMIT_FSIZE = LIMIT`` bytes (-1: none), read each exact reference as ``Exact``
+    and run ``verify``; print one JSON line of what each returned or raised.
 ``share WS BACKEND WORKER COUNT MAX_ENTRIES``
     Write ``COUNT`` values (some shared with other workers) into a store bounded by
     ``MAX_ENTRIES``, reading each back and one earlier one after every write; print one JSON
@@ -17,14 +23,17 @@ Modes (each runs on the anyio backend named on the command line):
 from __future__ import annotations
 
 import json
+import os
 import random
 import resource
+import sqlite3
 import sys
 from typing import Any
 
 import anyio
 
 import response_compaction as rc
+from response_compaction._store import open_store
 from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
 SHARED_POOL = 6
@@ -102,6 +111,40 @@ async def _share(ws: str, worker: int, count: int, max_entries: int) -> None:
     print(json.dumps({**counts, "details": details[:5]}), flush=True)
 
 
+def _hold(ws: str) -> None:
+    conn = sqlite3.connect(
+        os.path.join(ws, "response-compaction-v1", "index.sqlite3"), isolation_level=None
+    )
+    conn.execute("BEGIN IMMEDIATE")
+    print("locked", flush=True)
+    sys.stdin.read()
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def _outcome(result: object) -> str:
+    return type(result).__name__
+
+
+async def _read(ws: str, limit: int, refs: list[str]) -> None:
+    if limit >= 0:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    harness = _harness(ws)
+    report: dict[str, Any] = {"reads": []}
+    for ref in refs:
+        try:
+            result = await rc.response_compaction_read_exact(harness, ref, Exact)
+            report["reads"].append(_outcome(result))
+        except Exception as exc:
+            report["reads"].append(f"raised {type(exc).__name__}: {exc}")
+    try:
+        store = await open_store(rc.LocalWorkspace(ws))
+        report["verify"] = sorted(entry.state for entry in await store.verify())
+    except Exception as exc:
+        report["verify"] = f"raised {type(exc).__name__}: {exc}"
+    print(json.dumps(report), flush=True)
+
+
 def main(argv: list[str]) -> None:
     """Run the mode named in ``argv[0]``."""
     mode, ws, backend, *rest = argv
@@ -109,6 +152,10 @@ def main(argv: list[str]) -> None:
         anyio.run(_fsize, ws, int(rest[0]), int(rest[1]), backend=backend)
     elif mode == "loop":
         anyio.run(_loop, ws, rest[0], backend=backend)
+    elif mode == "hold":
+        _hold(ws)
+    elif mode == "read":
+        anyio.run(_read, ws, int(rest[0]), rest[1:], backend=backend)
     elif mode == "share":
         anyio.run(_share, ws, int(rest[0]), int(rest[1]), int(rest[2]), backend=backend)
     else:

@@ -153,3 +153,51 @@ async def test_a_large_exact_output_is_verified_in_slices_and_equal(harness: rc.
     compacted = await rc.response_compact(harness, value, Exact, Summary, options)
     assert compacted.receipt.exact_bytes > 1 << 20
     assert compacted.output == rc.ExactOutput(value=value)
+
+
+class TwoLists(msgspec.Struct, frozen=True):
+    first: list[str]
+    second: list[str]
+
+
+async def test_a_layout_with_swapped_field_names_cannot_swap_the_fields(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """Swapping two fields' names in a stored layout still reads the true value (over 1 MiB)."""
+    value = TwoLists(
+        first=[f"first-{i:06d}" for i in range(60_000)],
+        second=[f"second-{i:06d}" for i in range(60_000)],
+    )
+    compacted = await rc.response_compact(harness, value, TwoLists, Summary, OPTIONS)
+    assert compacted.receipt.exact_bytes > 1 << 20
+    hex_digest = compacted.receipt.exact_digest.removeprefix("sha256:")
+    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
+    with sqlite3.connect(index) as conn:
+        (stored,) = conn.execute(
+            "SELECT layout FROM entries WHERE key = ?", (hex_digest,)
+        ).fetchone()
+        spans = msgspec.json.decode(stored, type=tuple[Span, ...])
+        assert sorted(str(span.field) for span in spans) == ["first", "second"]
+        swapped = [
+            Span("second" if s.field == "first" else "first", s.start, s.end, s.slices)
+            for s in spans
+        ]
+        conn.execute(
+            "UPDATE entries SET layout = ? WHERE key = ?", (encode_layout(swapped), hex_digest)
+        )
+    found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, TwoLists)
+    assert found == rc.Found(value=value)
+
+
+async def test_a_span_naming_a_field_but_pointing_at_a_nested_array_changes_nothing() -> None:
+    """A span that names a top-level field but cuts an array nested elsewhere is not believed."""
+
+    class Outer(msgspec.Struct, frozen=True):
+        rows: list[int]
+        other: dict[str, list[int]]
+
+    value = Outer(rows=[], other={"rows": [1, 2, 3]})
+    data = msgspec.json.encode(value, order="sorted")
+    start = data.index(b"[1,2,3]")
+    forged = (Span("rows", start, start + 7, ((start + 1, start + 6),)),)
+    assert await decode_sliced(data, Outer, forged, CountingCheckpoint()) == value

@@ -33,27 +33,28 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 from .. import _pool
 from .._canonical import Span
-from .._errors import map_errors
+from .._errors import StoreError, map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
-from ._index import Index, Row
-from ._oneshot import SMALL_BYTES, put_small, read_checked, touch
+from ._index import Index, IndexBusy, Row
+from ._oneshot import SMALL_BYTES, put_small, read_checked
 from ._paths import (
     KINDS,
     ROOT_NAME,
     STALE_TEMP_SECONDS,
     Kind,
     NotRegularFileError,
+    load_secret,
     open_dir,
     open_fanout,
     opener,
@@ -61,7 +62,15 @@ from ._paths import (
     sweep_temps,
     unlink_quietly,
 )
-from ._verify import EntryReport, check_entry, checked_value, decoded, read_all, verify_file
+from ._verify import (
+    EntryReport,
+    check_entry,
+    check_trusted,
+    decoded_value,
+    read_all,
+    seal,
+    verify_file,
+)
 
 __all__ = [
     "KINDS",
@@ -75,7 +84,12 @@ __all__ = [
 ]
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 _INDEX_ERRORS = "could not use the store index"
+#: How long an operation waits for another process's write lock before giving up. Every wait
+#: is a series of short tries with event-loop checkpoints between them, so a caller's deadline
+#: or cancellation stops it at once.
+LOCK_WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,34 +117,60 @@ async def open_store(fs: Any) -> Store:
         clock = getattr(fs, "clock", None)  # the duck-typed workspace contract of earlier builds
     backend = file_backend or current_backend()
     base = os.fspath(fs.workspace_temp_dir())
-    root = _prepared.get((os.getpid(), base))
-    if root is None:
+    prepared = _prepared.get((os.getpid(), base))
+    if prepared is None:
         _pool.POOL.start()  # warm before the first large value needs it
         with map_errors(f"cannot use the workspace {base!r} for the store"):
             root = await backend.run(prepare_root, base)
-        _prepared[(os.getpid(), base)] = root
-    return Store(root, clock or time.time, backend, fast=file_backend is None)
+            secret = await backend.run(load_secret, root)
+        prepared = _prepared[(os.getpid(), base)] = (root, secret)
+    root, secret = prepared
+    return Store(root, clock or time.time, backend, secret, fast=file_backend is None)
 
 
-# Roots created and checked by this process, by workspace directory.
-_prepared: dict[tuple[int, str], str] = {}
+# Roots created and checked by this process, and their sealing keys, by workspace directory.
+_prepared: dict[tuple[int, str], tuple[str, bytes]] = {}
 
 
 class Store:
     """Content-addressed entries under an owned root, with TTL and LRU in an index."""
 
-    def __init__(self, root: str, clock: Clock, backend: FileBackend, *, fast: bool) -> None:
+    def __init__(
+        self, root: str, clock: Clock, backend: FileBackend, secret: bytes, *, fast: bool
+    ) -> None:
         self.root = root
         self.clock = clock
         self._backend = backend
+        self._secret = secret
         # The one-hop paths of ``_oneshot`` bypass the backend's file calls: only for the
         # library's own backends, never for an injected one.
         self._fast = fast
 
+    async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, retried while the index is busy.
+
+        Each try waits at most ``BUSY_MS`` inside SQLite; between tries the event loop gets
+        control back, so the caller's cancellation and deadlines are honoured.
+        """
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        delay = 0.001
+        while True:
+            try:
+                return await self._backend.run(fn, *args)
+            except IndexBusy:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        errno.EBUSY,
+                        f"the store index stayed locked by another process for"
+                        f" {LOCK_WAIT_SECONDS:.0f} s",
+                    ) from None
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
     @contextlib.asynccontextmanager
     async def _using_index(self) -> AsyncIterator[Index]:
         with map_errors(_INDEX_ERRORS):
-            index = await self._backend.run(_index.acquire, self.root)
+            index = await self._patiently(_index.acquire, self.root)
         try:
             with map_errors(_INDEX_ERRORS):
                 yield index
@@ -166,13 +206,7 @@ class Store:
             head, size, rest = _gather(pieces, SMALL_BYTES)
             if rest is None:
                 data = b"".join(head)
-                row = Row(
-                    hashlib.sha256(data).hexdigest(),
-                    size,
-                    0.0,
-                    encode_layout(layout) if layout else None,
-                )
-                return await self._put_small(kind, key, data, row, schema, ttl_seconds,
+                return await self._put_small(kind, key, data, layout, schema, ttl_seconds,
                                              max_entries, want_value_up_to)  # fmt: skip
             pieces = itertools.chain(head, rest)
         backend = self._backend
@@ -185,11 +219,14 @@ class Store:
                 )
                 now = self.clock()
                 row = Row(
-                    hex_digest, size, now + ttl_seconds, encode_layout(layout) if layout else None
+                    seal(self._secret, kind, key or hex_digest, hex_digest),
+                    size,
+                    now + ttl_seconds,
+                    encode_layout(layout) if layout else None,
                 )
                 async with self._using_index() as index:
                     with map_errors(f"could not publish the {kind} value in the store index"):
-                        reused = await backend.run(
+                        reused = await self._patiently(
                             publish,
                             index,
                             temp_name,
@@ -212,31 +249,30 @@ class Store:
         kind: Kind,
         key: str | None,
         data: bytes,
-        row: Row,
+        layout: list[Span] | None,
         schema: Any,
         ttl_seconds: int,
         max_entries: int,
         want_value_up_to: int,
     ) -> Stored:
         """One hop: reuse a live intact entry, or write, verify and publish ``data``."""
+        hex_digest = hashlib.sha256(data).hexdigest()
+        key = key or hex_digest
         now = self.clock()
-        row = row._replace(expires_at=now + ttl_seconds)
+        row = Row(
+            seal(self._secret, kind, key, hex_digest),
+            len(data),
+            now + ttl_seconds,
+            encode_layout(layout) if layout else None,
+        )
         temp_name = f"{secrets.token_hex(12)}.tmp"
         with map_errors(f"could not retain the {kind} value"):
-            done = await self._backend.run(
-                put_small,
-                self.root,
-                temp_name,
-                kind,
-                key or row.digest,
-                data,
-                row,
-                schema,
-                now,
+            done = await self._patiently(
+                put_small, self.root, temp_name, kind, key, data, hex_digest, row, schema, now,
                 max_entries,
-            )
+            )  # fmt: skip
         value = done.value if row.size <= want_value_up_to else None
-        return Stored(hex_digest=row.digest, size=row.size, reused=done.reused, value=value)
+        return Stored(hex_digest=hex_digest, size=row.size, reused=done.reused, value=value)
 
     async def _write_verified(
         self,
@@ -284,25 +320,23 @@ class Store:
             return await self._get_stepwise(kind, key, schema)
         now = self.clock()
         with map_errors(f"could not read the {kind} entry"):
-            got = await self._backend.run(read_checked, self.root, kind, key, now)
+            got = await self._patiently(read_checked, self.root, kind, key, now, self._secret)
         if got is None:
             return Missing()
         if isinstance(got, str):
             return Broken(detail=got)
         row, data = got
         try:
-            value = await decoded(data, schema, decode_layout(row.layout))
+            value = await decoded_value(data, schema, decode_layout(row.layout))
         except ValueError as exc:
             return Broken(detail=f"{kind} entry does not verify: {exc}")
-        with map_errors(_INDEX_ERRORS):
-            await self._backend.run(touch, self.root, kind, key, now)
         return Found(value=value)
 
     async def _get_stepwise(
         self, kind: Kind, key: str, schema: Any
     ) -> Found[Any] | Missing | Broken:
         async with self._using_index() as index:
-            row = await self._backend.run(index.lookup, kind, key)
+            row = await self._patiently(index.lookup, kind, key)
             now = self.clock()
             if row is None or row.expires_at <= now:
                 return Missing()
@@ -311,12 +345,14 @@ class Store:
             if isinstance(data, (Missing, Broken)):
                 return data
             try:
-                value = await checked_value(
-                    self._backend, data, row.digest, row.size, schema, decode_layout(row.layout)
-                )
+                # The reference (or, for a summary, the sealed row) is the only digest trusted.
+                await self._backend.run(check_trusted, data, kind, key, row.digest, self._secret)
+                value = await decoded_value(data, schema, decode_layout(row.layout))
             except ValueError as exc:
                 return Broken(detail=f"{kind} entry does not verify: {exc}")
-            await self._backend.run(index.touch, kind, key, now)
+            # Best-effort and without waiting: a held lock, a full disk or a read-only mount
+            # must not turn an intact entry into an error.
+            await self._backend.run(index.record_use, kind, key, now)
         return Found(value=value)
 
     async def _read_entry(self, kind: Kind, key: str) -> bytes | Missing | Broken:
@@ -330,8 +366,8 @@ class Store:
                 os.close(fan_fd)
         except FileNotFoundError:
             return Missing()  # evicted by another process between lookup and open
-        except NotRegularFileError:
-            return Broken(detail=f"{kind} entry is not a regular file")
+        except NotRegularFileError as exc:
+            return Broken(detail=f"{kind} entry {exc.strerror}; refusing to read it")
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
@@ -345,7 +381,7 @@ class Store:
         """
         now = self.clock()
         async with self._using_index() as index:
-            removed = await self._backend.run(prune_all, index, now, max_entries)
+            removed = await self._patiently(prune_all, index, now, max_entries)
         # Temp files carry real file times, so their age is judged by the real clock.
         with map_errors("could not sweep the store's temporary files"):
             removed += await self._backend.run(
@@ -356,22 +392,24 @@ class Store:
     async def remove(self, kind: Kind, key: str) -> None:
         """Delete one entry (row and file), e.g. one that ``verify`` found broken."""
         async with self._using_index() as index:
-            await self._backend.run(remove_entry, index, kind, key)
+            await self._patiently(remove_entry, index, kind, key)
 
     async def verify(self) -> list[EntryReport]:
         """Re-check every recorded entry's bytes against its digest (not its schema)."""
         now = self.clock()
         async with self._using_index() as index:
-            entries = await self._backend.run(index.entries)
+            entries = await self._patiently(index.entries)
         return [
-            await self._backend.run(check_entry, self.root, entry, entry.expires_at <= now)
+            await self._backend.run(
+                check_entry, self.root, entry, entry.expires_at <= now, self._secret
+            )
             for entry in entries
         ]
 
     async def counts(self) -> dict[str, int]:
         """Live entries per kind."""
         async with self._using_index() as index:
-            return await self._backend.run(index.counts, self.clock())
+            return await self._patiently(index.counts, self.clock())
 
 
 # ----------------------------------------------------------------- blocking, in worker threads

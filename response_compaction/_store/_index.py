@@ -4,6 +4,12 @@ Every method blocks; the store calls them through its file backend's worker thre
 happen inside :meth:`Index.transaction`, which holds the database's write lock
 (``BEGIN IMMEDIATE``), so the caller can rename or unlink files under the same lock.
 
+No method waits for a lock for long: a worker thread cannot be cancelled, so a lock held by
+another thread or process raises :class:`IndexBusy` after at most ``BUSY_MS`` and the caller
+retries from the event loop, where the caller's deadline can stop it. Reads go through their
+own connection and never need the write lock (WAL readers do not block on a writer); a read's
+"use" for the LRU order is recorded best-effort (:meth:`Index.record_use`).
+
 Connections are shared per process and root through :func:`acquire` / :func:`release`: an
 index in use is never closed, and at most ``MAX_IDLE_INDEXES`` idle ones stay open.
 """
@@ -15,6 +21,8 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -22,9 +30,11 @@ from .._errors import UnsafeStoreError
 from ._paths import Kind
 
 __all__ = [
+    "BUSY_MS",
     "MAX_IDLE_INDEXES",
     "Entry",
     "Index",
+    "IndexBusy",
     "Row",
     "Transaction",
     "acquire",
@@ -33,6 +43,14 @@ __all__ = [
 ]
 
 MAX_IDLE_INDEXES = 8
+#: The longest a worker thread waits inside SQLite for a lock before giving the event loop back.
+BUSY_MS = 20
+#: Uses recorded by reads are written at most this often (and with every write before that).
+USE_FLUSH_SECONDS = 1.0
+#: Uses not yet written to the index (the write lock was busy) are kept up to this many.
+_MAX_PENDING_USES = 4096
+_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
+_READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
 _EXPIRED_PER_COMMIT = 64
 # Rows per kind are counted by triggers: a count(*) on every commit grew with the store
 # (1.4 ms at 10,000 rows, 14 ms at 100,000).
@@ -51,6 +69,14 @@ _SCHEMA = (
         UPDATE counts SET n = n - 1 WHERE kind = OLD.kind;
     END""",
 )
+
+
+class IndexBusy(Exception):  # noqa: N818 - a signal to retry, not an error anyone sees
+    """The write lock is held by another thread or process right now; retry later."""
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc)
 
 
 class Row(NamedTuple):
@@ -142,6 +168,13 @@ class Transaction:
             )
         return found
 
+    def touch(self, kind: Kind, key: str, when: float) -> None:
+        """Record a use of ``key`` at ``when`` (never moves its last use backwards)."""
+        self._conn.execute(
+            "UPDATE entries SET last_used = max(last_used, ?) WHERE kind = ? AND key = ?",
+            (when, kind, key),
+        )
+
     def delete(self, kind: Kind, key: str) -> None:
         """Drop one row."""
         self._conn.execute("DELETE FROM entries WHERE kind = ? AND key = ?", (kind, key))
@@ -154,78 +187,188 @@ class Transaction:
 
 
 class Index:
-    """One connection to one root's ``index.sqlite3``."""
+    """One root's ``index.sqlite3``: a writer connection and a reader connection."""
 
     def __init__(self, root: str) -> None:
         self.root = root
+        self.read_only = False
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._pending: dict[tuple[Kind, str], float] = {}
+        self._next_flush = 0.0
         path = os.path.join(root, "index.sqlite3")
         if os.path.islink(path):
             raise UnsafeStoreError("store index is a symlink", path)
-        self._conn = sqlite3.connect(
-            path, timeout=60, isolation_level=None, check_same_thread=False
-        )
         try:
-            # The data file and its directory are fsynced; FULL makes the row as durable.
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            # One writer at a time creates the schema, so concurrent first opens agree.
-            with self.transaction():
-                for statement in _SCHEMA:
-                    self._conn.execute(statement)
-            os.chmod(path, 0o600)
+            self._conn = _connect(path)
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise IndexBusy from exc
+            if getattr(exc, "sqlite_errorcode", None) not in _READONLY_CODES:
+                raise
+            # A read-only mount: reads and verify still work, writes raise.
+            self._conn = _connect_read_only(path)
+            self.read_only = True
+        try:
+            self._reader = self._conn if self.read_only else _connect(path, schema=False)
         except BaseException:
             self._conn.close()
             raise
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Transaction]:
-        """Hold the write lock; commit on success, roll back on any exception."""
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+        """Hold the write lock; commit on success, roll back on any exception.
+
+        Raises :class:`IndexBusy` (before anything was done) when the lock is not free.
+        """
+        if self.read_only:
+            raise sqlite3.OperationalError("the store index is on a read-only file system")
+        if not self._lock.acquire(timeout=BUSY_MS / 1000):
+            raise IndexBusy
+        try:
             try:
-                yield Transaction(self._conn)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if _busy(exc):
+                    raise IndexBusy from exc
                 raise
-            self._conn.execute("COMMIT")
+            try:
+                tx = Transaction(self._conn)
+                self._flush_uses(tx)
+                yield tx
+                self._conn.execute("COMMIT")
+            except BaseException:
+                # SQLite may have rolled back already (a full disk during COMMIT does): a
+                # second ROLLBACK would replace the real error with "no transaction is active".
+                if self._conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
+                raise
+        finally:
+            self._lock.release()
+
+    def _flush_uses(self, tx: Transaction) -> None:
+        pending, self._pending = self._pending, {}
+        for (kind, key), when in pending.items():
+            tx.touch(kind, key, when)
+
+    def record_use(self, kind: Kind, key: str, now: float) -> None:
+        """Count a read as a use, best-effort: never waits for the write lock, never raises.
+
+        A use that cannot be written now is kept and written by this process's next write;
+        losing some only changes which entry the LRU bound evicts first.
+        """
+        if self.read_only:
+            return
+        if len(self._pending) >= _MAX_PENDING_USES:
+            self._pending.pop(next(iter(self._pending)))
+        self._pending[(kind, key)] = max(now, self._pending.get((kind, key), now))
+        # Batched: a commit (and its WAL fsync) per read cost ten times the read itself. Uses
+        # go out with this process's next write, or here at most every USE_FLUSH_SECONDS.
+        due = time.monotonic()
+        if due < self._next_flush or not self._lock.acquire(blocking=False):
+            return
+        self._next_flush = due + USE_FLUSH_SECONDS
+        try:
+            self._conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._flush_uses(Transaction(self._conn))
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
+        except (sqlite3.Error, OSError):
+            pass  # busy, full or read-only: the use is kept for the next write, or lost
+        finally:
+            self._lock.release()
+
+    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        if not self._read_lock.acquire(timeout=BUSY_MS / 1000):
+            raise IndexBusy
+        try:
+            return self._reader.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise IndexBusy from exc
+            raise
+        finally:
+            self._read_lock.release()
 
     def lookup(self, kind: Kind, key: str) -> Row | None:
         """The row of ``key``, expired or not."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT digest, size, expires_at, layout FROM entries WHERE kind = ? AND key = ?",
-                (kind, key),
-            ).fetchone()
-        return None if row is None else Row(str(row[0]), int(row[1]), float(row[2]), row[3])
-
-    def touch(self, kind: Kind, key: str, now: float) -> None:
-        """Count a read as a use."""
-        with self._lock:
-            self._conn.execute(
-                "UPDATE entries SET last_used = max(last_used, ?) WHERE kind = ? AND key = ?",
-                (now, kind, key),
-            )
+        rows = self._read(
+            "SELECT digest, size, expires_at, layout FROM entries WHERE kind = ? AND key = ?",
+            (kind, key),
+        )
+        if not rows:
+            return None
+        digest, size, expires_at, layout = rows[0]
+        return Row(str(digest), int(size), float(expires_at), layout)  # type: ignore[call-overload, arg-type]
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""
-        with self._lock:
-            rows = self._conn.execute("SELECT kind, key, digest, size, expires_at FROM entries")
-            return [Entry(*row) for row in rows]
+        rows = self._read("SELECT kind, key, digest, size, expires_at FROM entries")
+        return [Entry(*row) for row in rows]  # type: ignore[arg-type]
 
     def counts(self, now: float) -> dict[str, int]:
         """Live entries per kind."""
-        with self._lock:
-            return {
-                str(kind): int(n)
-                for kind, n in self._conn.execute(
-                    "SELECT kind, count(*) FROM entries WHERE expires_at > ? GROUP BY kind", (now,)
-                )
-            }
+        rows = self._read(
+            "SELECT kind, count(*) FROM entries WHERE expires_at > ? GROUP BY kind", (now,)
+        )
+        return {str(kind): int(n) for kind, n in rows}  # type: ignore[call-overload]
 
     def close(self) -> None:
-        """Close the connection (only :func:`release` calls this, once nobody uses it)."""
+        """Close the connections (only :func:`release` calls this, once nobody uses it)."""
+        if self._reader is not self._conn:
+            self._reader.close()
         self._conn.close()
+
+
+def _connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        path, timeout=BUSY_MS / 1000, isolation_level=None, check_same_thread=False
+    )
+    try:
+        # The data file and its directory are fsynced; FULL makes the row as durable.
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        if (
+            schema
+            and not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'counts'").fetchone()
+        ):
+            # One writer at a time creates the schema, so concurrent first opens agree.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            os.chmod(path, 0o600)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect_read_only(path: str) -> sqlite3.Connection:
+    uri = "file:" + urllib.parse.quote(path) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        conn.execute("SELECT 1 FROM entries LIMIT 1").fetchall()
+    except sqlite3.OperationalError:
+        # WAL needs its -shm file; on a read-only mount nobody can change the database.
+        conn = sqlite3.connect(
+            uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False
+        )
+    return conn
 
 
 class _Slot:

@@ -32,9 +32,9 @@ from ._paths import (
     regular_opener,
     unlink_quietly,
 )
-from ._verify import check_bytes
+from ._verify import check_digest, check_trusted
 
-__all__ = ["INDEX_ERRORS", "SMALL_BYTES", "Put", "put_small", "read_checked", "touch"]
+__all__ = ["INDEX_ERRORS", "SMALL_BYTES", "Put", "put_small", "read_checked"]
 
 INDEX_ERRORS = "could not use the store index"
 
@@ -56,12 +56,13 @@ def put_small(
     kind: Kind,
     key: str,
     data: bytes,
+    hex_digest: str,
     row: Row,
     schema: Any,
     now: float,
     max_entries: int,
 ) -> Put:
-    """Store ``data`` (whose sha256 is ``row.digest``) as ``key``, verified, in one call.
+    """Store ``data`` (whose sha256 is ``hex_digest``) as ``key``, verified, in one call.
 
     An entry already live under ``key`` with the same digest, whose bytes on disk are intact and
     validate, is not rewritten: its TTL is renewed. Anything else (absent, expired, tampered,
@@ -74,7 +75,9 @@ def put_small(
         renewed = _renew_if_intact(index, kind, key, data, row, schema, now, max_entries)
         if renewed is not None:
             return renewed
-        return _write_new(index, temp_name, kind, key, data, row, schema, now, max_entries)
+        return _write_new(
+            index, temp_name, kind, key, data, hex_digest, row, schema, now, max_entries
+        )
     finally:
         _index.release(index)
 
@@ -99,7 +102,9 @@ def _renew_if_intact(
         on_disk = _read_entry(index.root, kind, key)
     except OSError:
         return None  # gone, or not a regular file: write it afresh
-    if on_disk != data:  # equal bytes hash to the digest we computed from ``data``
+    # Equal bytes hash to the digest computed from ``data``; the row's digest (the same seal
+    # as ``row``'s) only said where to look.
+    if on_disk != data:
         return None
     value = decode_exact(on_disk, schema)  # ValueError: the value does not validate
     with map_errors(f"could not renew the {kind} value in the store index"):
@@ -113,6 +118,7 @@ def _write_new(
     kind: Kind,
     key: str,
     data: bytes,
+    hex_digest: str,
     row: Row,
     schema: Any,
     now: float,
@@ -130,7 +136,7 @@ def _write_new(
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
         back = _read_regular(temp_name, tmp_fd)
-        check_bytes(back, row.digest, len(data))
+        check_digest(back, hex_digest, len(data))
         value = decode_exact(back, schema)
         with map_errors(f"could not publish the {kind} value in the store index"):
             reused = publish(index, temp_name, kind, key, row, now, max_entries)
@@ -142,46 +148,48 @@ def _write_new(
     return Put(reused=reused, value=value)
 
 
-def read_checked(root: str, kind: Kind, key: str, now: float) -> tuple[Row, bytes] | str | None:
-    """Look ``key`` up and read its bytes, checked against the row: (row, bytes).
+def read_checked(
+    root: str, kind: Kind, key: str, now: float, secret: bytes
+) -> tuple[Row, bytes] | str | None:
+    """Look ``key`` up, read its bytes and check them against what is trusted: (row, bytes).
 
     None when there is no live row or the file is gone (a concurrent eviction); a string
-    saying what is wrong when the bytes cannot be trusted.
+    saying what is wrong when the bytes cannot be trusted. The read is recorded as a use,
+    best-effort (never waiting for the write lock).
     """
     check_root(root)
     with map_errors(INDEX_ERRORS):
         index = _index.acquire(root)
-        try:
+    try:
+        with map_errors(INDEX_ERRORS):
             row = index.lookup(kind, key)
-        finally:
-            _index.release(index)
-    if row is None or row.expires_at <= now:
-        return None
+        if row is None or row.expires_at <= now:
+            return None
+        got = _read_trusted(root, kind, key, row, secret)
+        if isinstance(got, bytes):
+            index.record_use(kind, key, now)
+    finally:
+        _index.release(index)
+    return got if got is None or isinstance(got, str) else (row, got)
+
+
+def _read_trusted(root: str, kind: Kind, key: str, row: Row, secret: bytes) -> bytes | str | None:
     try:
         data = _read_entry(root, kind, key)
     except FileNotFoundError:
         return None
-    except NotRegularFileError:
-        return f"{kind} entry is not a regular file"
+    except NotRegularFileError as exc:
+        return f"{kind} entry {exc.strerror}; refusing to read it"
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return f"{kind} entry is a symlink; refusing to follow it"
         raise
     try:
-        check_bytes(data, row.digest, row.size)
+        # The reference (or, for a summary, the sealed row) is the only digest trusted.
+        check_trusted(data, kind, key, row.digest, secret)
     except ValueError as exc:
         return f"{kind} entry does not verify: {exc}"
-    return row, data
-
-
-def touch(root: str, kind: Kind, key: str, now: float) -> None:
-    """Count a read as a use."""
-    with map_errors(INDEX_ERRORS):
-        index = _index.acquire(root)
-        try:
-            index.touch(kind, key, now)
-        finally:
-            _index.release(index)
+    return data
 
 
 def _open_tmp(root: str) -> int:

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 import stat
 import threading
 import time
@@ -28,6 +29,7 @@ __all__ = [
     "Kind",
     "NotRegularFileError",
     "check_root",
+    "load_secret",
     "open_dir",
     "open_fanout",
     "opener",
@@ -42,6 +44,8 @@ Kind = Literal["exact", "summary"]
 KINDS: tuple[Kind, ...] = ("exact", "summary")
 #: Temporary files older than this were left by a process that died mid-write.
 STALE_TEMP_SECONDS = 3600.0
+# What unlink/rename report when a directory sits at the target name.
+_NOT_A_FILE = frozenset({errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.EPERM})
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -117,21 +121,93 @@ def check_root(root: str) -> None:
 
 
 def sweep_temps(root: str, older_than: float) -> int:
-    """Remove temporary files left by writers that died; return how many."""
+    """Remove temporary files left by writers that died; return how many.
+
+    Only regular files and symlinks are removed. Anything else (a directory, a socket) was not
+    made by a writer; it is left alone and never stops the sweep or the process.
+    """
     removed = 0
     tmp_fd = open_dir(os.path.join(root, "tmp"), create=False)
     try:
         for name in os.listdir(tmp_fd):
             try:
                 st = os.stat(name, dir_fd=tmp_fd, follow_symlinks=False)
-                if st.st_mtime < older_than:
+                if st.st_mtime >= older_than:
+                    continue
+                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                     os.unlink(name, dir_fd=tmp_fd)
                     removed += 1
-            except FileNotFoundError:
+                elif stat.S_ISDIR(st.st_mode):
+                    with contextlib.suppress(OSError):  # only an empty one
+                        os.rmdir(name, dir_fd=tmp_fd)
+                        removed += 1
+            except (FileNotFoundError, IsADirectoryError, PermissionError):
                 continue
     finally:
         os.close(tmp_fd)
     return removed
+
+
+SECRET_NAME = "seal.key"  # noqa: S105 - a file name, not a secret
+_SECRET_BYTES = 32
+_secrets: dict[tuple[int, str], bytes] = {}
+
+
+def load_secret(root: str) -> bytes:
+    """The store's sealing key (created on first use): 32 random bytes, 0600, ours.
+
+    It seals summary rows to their cache key (see :func:`..._verify.seal`). Created in
+    ``tmp/``, fsynced and hard-linked into place, so a reader never sees half a key.
+    """
+    with _swept_lock:
+        cached = _secrets.get((os.getpid(), root))
+    if cached is not None:
+        return cached
+    root_fd = open_dir(root, create=False)
+    try:
+        try:
+            secret = _read_secret(root_fd, root)
+        except FileNotFoundError:
+            _create_secret(root_fd, root)
+            secret = _read_secret(root_fd, root)
+    finally:
+        os.close(root_fd)
+    with _swept_lock:
+        _secrets[(os.getpid(), root)] = secret
+    return secret
+
+
+def _read_secret(root_fd: int, root: str) -> bytes:
+    path = os.path.join(root, SECRET_NAME)
+    fd = os.open(SECRET_NAME, os.O_RDONLY | FILE_FLAGS | os.O_NONBLOCK, dir_fd=root_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise UnsafeStoreError("store key is not a private regular file of ours", path)
+        secret = os.read(fd, _SECRET_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(secret) != _SECRET_BYTES:
+        raise UnsafeStoreError("store key has the wrong size", path)
+    return secret
+
+
+def _create_secret(root_fd: int, root: str) -> None:
+    tmp_fd = open_dir("tmp", create=False, dir_fd=root_fd)
+    temp = f"{secrets.token_hex(12)}.key.tmp"
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd)
+        try:
+            os.write(fd, secrets.token_bytes(_SECRET_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileExistsError):  # another process made it first: use theirs
+            os.link(temp, SECRET_NAME, src_dir_fd=tmp_fd, dst_dir_fd=root_fd, follow_symlinks=False)
+        os.fsync(root_fd)
+    finally:
+        unlink_quietly(temp, tmp_fd)
+        os.close(tmp_fd)
 
 
 class Dirs:
@@ -164,15 +240,40 @@ class Dirs:
         return self._fans[slot]
 
     def publish(self, temp_name: str, kind: Kind, key: str) -> None:
-        """Rename a verified temp file into place and make the rename durable."""
+        """Rename a verified temp file into place and make the rename durable.
+
+        A directory where the entry belongs (which ``rename`` cannot replace) is moved aside
+        first, so no planted object makes a value permanently uncompactable.
+        """
         fan_fd = self.fanout(kind, key)
-        os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
+        try:
+            os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
+        except OSError as exc:
+            if exc.errno not in _NOT_A_FILE:
+                raise
+            self._displace(fan_fd, key)
+            os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
         os.fsync(fan_fd)
 
     def unlink(self, kind: Kind, key: str) -> None:
-        """Remove one entry's file if it is there."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(key, dir_fd=self.fanout(kind, key))
+        """Remove one entry (whatever sits at its name) if it is there."""
+        fan_fd = self.fanout(kind, key)
+        try:
+            os.unlink(key, dir_fd=fan_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno not in _NOT_A_FILE:
+                raise
+            self._displace(fan_fd, key)
+
+    def _displace(self, fan_fd: int, key: str) -> None:
+        """Remove a directory at an entry's name: rmdir if empty, else move it into ``tmp/``."""
+        try:
+            os.rmdir(key, dir_fd=fan_fd)
+        except OSError:
+            aside = f"{secrets.token_hex(12)}.displaced"
+            os.rename(key, aside, src_dir_fd=fan_fd, dst_dir_fd=self.tmp)
 
     def entry_files(self, kind: Kind) -> Iterator[str]:
         """Names of the entry files of ``kind``, whatever the index says."""
@@ -197,19 +298,36 @@ def opener(dir_fd: int | None, mode: int) -> Callable[[str, int], int]:
 
 
 class NotRegularFileError(OSError):
-    """Something other than a regular file sits where an entry should be."""
+    """Something other than a regular file of its own sits where an entry should be."""
 
 
 def regular_opener(dir_fd: int | None) -> Callable[[str, int], int]:
-    """Like :func:`opener`, and refuses anything but a regular file."""
+    """Like :func:`opener`, and refuses anything but a regular file with a single link.
+
+    A second link means the inode is shared with a file outside the store's control (or
+    another entry): reading it would report facts about a foreign file, so it is not read.
+    """
 
     # O_NONBLOCK so a FIFO planted in the store cannot hang the open; it changes nothing for
     # the regular files we then insist on.
     def open_(path: str, flags: int) -> int:
-        fd = os.open(path, flags | FILE_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        try:
+            fd = os.open(path, flags | FILE_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP, errno.ENODEV):  # a socket, a device
+                raise NotRegularFileError(errno.EINVAL, "is not a regular file", path) from exc
+            raise
+        st = os.fstat(fd)
+        problem = (
+            "is not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else "has other hard links"
+            if st.st_nlink != 1
+            else ""
+        )
+        if problem:
             os.close(fd)
-            raise NotRegularFileError(errno.EINVAL, "not a regular file", path)
+            raise NotRegularFileError(errno.EINVAL, problem, path)
         return fd
 
     return open_

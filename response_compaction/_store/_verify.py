@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,10 +21,11 @@ from ._paths import FILE_FLAGS, Kind, open_fanout, regular_opener
 
 __all__ = [
     "EntryReport",
-    "check_bytes",
+    "check_digest",
     "check_entry",
-    "checked_value",
-    "decoded",
+    "check_trusted",
+    "decoded_value",
+    "seal",
     "verify_file",
     "verify_path",
 ]
@@ -48,13 +50,37 @@ class EntryReport:
     detail: str = ""
 
 
-def check_bytes(data: bytes, hex_digest: str, size: int) -> None:
+def check_digest(data: bytes, hex_digest: str, size: int) -> None:
     """Raise ``ValueError`` unless ``data`` is ``size`` bytes hashing to ``hex_digest``."""
+    # Says what failed, never facts (a size, a digest) about the bytes found on disk.
     if len(data) != size:
-        raise ValueError(f"truncated or padded: {len(data)} bytes on disk, {size} recorded")
+        raise ValueError("the bytes read back are not as long as those written")
+    if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), hex_digest):
+        raise ValueError("the bytes read back do not hash to those written")
+
+
+def seal(secret: bytes, kind: Kind, key: str, content_hex: str) -> str:
+    """What the index records as an entry's digest, and what a read trusts.
+
+    An exact entry is named by its sha256, so its key is the only digest a read trusts and
+    the row's copy is never consulted. A summary is named by its cache key, which says nothing
+    about its bytes; its row holds HMAC-SHA256 under the store's secret key of (kind, key,
+    sha256 of the bytes). Rewriting a summary and its row takes that key.
+    """
+    if kind == "exact":
+        return content_hex
+    message = f"{kind}\0{key}\0{content_hex}".encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def check_trusted(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
+    """Raise ``ValueError`` unless ``data`` is what ``key`` names (exact) or was sealed to it."""
     actual = hashlib.sha256(data).hexdigest()
-    if actual != hex_digest:
-        raise ValueError(f"bytes hash to sha256:{actual}, expected sha256:{hex_digest}")
+    if kind == "exact":
+        if not hmac.compare_digest(actual, key):
+            raise ValueError("the bytes do not hash to the reference")
+    elif not hmac.compare_digest(seal(secret, kind, key, actual), recorded):
+        raise ValueError("the bytes are not those sealed to this key")
 
 
 async def read_all(backend: FileBackend, path: str, dir_fd: int | None = None) -> bytes:
@@ -67,21 +93,8 @@ async def read_all(backend: FileBackend, path: str, dir_fd: int | None = None) -
             await file.close()
 
 
-async def checked_value(
-    backend: FileBackend,
-    data: bytes,
-    hex_digest: str,
-    size: int,
-    schema: Any,
-    spans: tuple[Span, ...],
-) -> Any:
-    """Digest-check ``data`` off the loop, then decode it, in slices when it is large."""
-    await backend.run(check_bytes, data, hex_digest, size)
-    return await decoded(data, schema, spans)
-
-
-async def decoded(data: bytes, schema: Any, spans: tuple[Span, ...]) -> Any:
-    """Decode checked bytes on the loop: whole when small, else in slices with the GC paused."""
+async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> Any:
+    """Decode digest-checked ``data``, in slices when it is large."""
     if len(data) < GC_PAUSE_BYTES:
         return decode_exact(data, schema)
     with paused_gc():
@@ -101,9 +114,8 @@ async def verify_file(
 ) -> Any:
     """Read a fresh temp file back and verify it; its value if ``want_value``, else None.
 
-    Large files nobody needs the value of are verified in a worker process when
-    ``use_worker``, one is idle and the schema can travel there; otherwise here, through
-    ``backend``. Raises ``ValueError`` with what is wrong.
+    Large files nobody needs the value of are verified in a worker process when the schema
+    can travel there. Raises ``ValueError`` with what is wrong.
     """
     if use_worker and size >= WORKER_VERIFY_BYTES and not want_value:
         problem = await _pool.verify(path, hex_digest, size, schema)
@@ -112,7 +124,8 @@ async def verify_file(
                 raise ValueError(problem)
             return None
     data = await read_all(backend, path)
-    value = await checked_value(backend, data, hex_digest, size, schema, spans)
+    await backend.run(check_digest, data, hex_digest, size)
+    value = await decoded_value(data, schema, spans)
     return value if want_value else None
 
 
@@ -125,15 +138,15 @@ def verify_path(path: str, hex_digest: str, size: int, schema: Any) -> str | Non
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
     try:
-        check_bytes(data, hex_digest, size)
+        check_digest(data, hex_digest, size)
         decode_exact(data, schema)
     except ValueError as exc:
         return str(exc)
     return None
 
 
-def check_entry(root: str, entry: Entry, expired: bool) -> EntryReport:
-    """Blocking: re-check one recorded entry's bytes against its digest (not its schema)."""
+def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
+    """Blocking: re-check one entry's bytes against its trusted digest (not its schema)."""
     kind, key, size = entry.kind, entry.key, entry.size
     try:
         fan_fd = open_fanout(root, kind, key)
@@ -144,11 +157,12 @@ def check_entry(root: str, entry: Entry, expired: bool) -> EntryReport:
     except FileNotFoundError:
         return EntryReport(kind, key, "missing", size)
     except OSError as exc:
-        return EntryReport(kind, key, "broken", size, f"cannot open: {exc.strerror or exc}")
+        reason = exc.strerror or type(exc).__name__
+        return EntryReport(kind, key, "broken", size, f"cannot open: {reason}")
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
     try:
-        check_bytes(data, entry.digest, size)
+        check_trusted(data, kind, key, entry.digest, secret)
     except ValueError as exc:
         return EntryReport(kind, key, "broken", size, str(exc))
     return EntryReport(kind, key, "expired" if expired else "found", size)
