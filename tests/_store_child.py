@@ -14,6 +14,10 @@ Modes (each runs on the anyio backend named on the command line):
 ``read WS BACKEND LIMIT REF...``
     Under ``RLIMIT_FSIZE = LIMIT`` bytes (-1: none), read each exact reference as ``Exact``
     and run ``verify``; print one JSON line of what each returned or raised.
+``commitfull WS BACKEND``
+    Compact one value, then another whose index commit meets a full disk (``WS`` is a small
+    tmpfs; a filler file takes its last byte inside the worker thread, just before that
+    commit); print one JSON line: what was raised, and what reads of both return afterwards.
 ``share WS BACKEND WORKER COUNT MAX_ENTRIES``
     Write ``COUNT`` values (some shared with other workers) into a store bounded by
     ``MAX_ENTRIES``, reading each back and one earlier one after every write; print one JSON
@@ -22,18 +26,23 @@ Modes (each runs on the anyio backend named on the command line):
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import random
 import resource
 import sqlite3
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import msgspec
 
 import response_compaction as rc
 from response_compaction._store import open_store
+from tests._store_support import FaultyBackend
 from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
 SHARED_POOL = 6
@@ -145,6 +154,54 @@ async def _read(ws: str, limit: int, refs: list[str]) -> None:
     print(json.dumps(report), flush=True)
 
 
+@contextlib.contextmanager
+def _full_during_publish(fn: Any) -> Iterator[None]:
+    if getattr(fn, "__name__", "") != "publish":
+        yield
+        return
+    # Fill the file system (a small tmpfs the parent mounted) just before the commit.
+    filler = os.path.join(_WS[0], "filler")
+    with open(filler, "wb", buffering=0) as file, contextlib.suppress(OSError):
+        while True:
+            file.write(b"\0" * 4096)
+    try:
+        yield
+    finally:
+        os.unlink(filler)
+
+
+_WS: list[str] = []
+
+
+async def _commitfull(ws: str) -> None:
+    _WS.append(ws)
+    first, second = share_value(9, 1), share_value(9, 2)
+    await _compact(_harness(ws), first)
+    full = rc.Harness(
+        fs=rc.LocalWorkspace(ws, file_backend=FaultyBackend(in_thread=_full_during_publish)),
+        llm=None,
+    )
+    report: dict[str, Any] = {}
+    try:
+        await _compact(full, second)
+        report["raised"] = None
+    except Exception as exc:
+        report["raised"] = type(exc).__name__
+        report["message"] = str(exc)
+    harness = _harness(ws)
+    reads = []
+    for value in (first, second):
+        compacted = await _compact(harness, value) if value is first else None
+        ref = compacted.receipt.exact_ref if compacted else "rc1:" + _hex(value)
+        reads.append(_outcome(await rc.response_compaction_read_exact(harness, ref, Exact)))
+    report["reads"] = reads
+    print(json.dumps(report), flush=True)
+
+
+def _hex(value: Exact) -> str:
+    return hashlib.sha256(msgspec.json.encode(value, order="sorted")).hexdigest()
+
+
 def main(argv: list[str]) -> None:
     """Run the mode named in ``argv[0]``."""
     mode, ws, backend, *rest = argv
@@ -152,6 +209,8 @@ def main(argv: list[str]) -> None:
         anyio.run(_fsize, ws, int(rest[0]), int(rest[1]), backend=backend)
     elif mode == "loop":
         anyio.run(_loop, ws, rest[0], backend=backend)
+    elif mode == "commitfull":
+        anyio.run(_commitfull, ws, backend=backend)
     elif mode == "hold":
         _hold(ws)
     elif mode == "read":

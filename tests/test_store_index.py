@@ -13,8 +13,9 @@ import pytest
 
 import response_compaction as rc
 from response_compaction._errors import map_errors
-from response_compaction._store import ROOT_NAME, _index
+from response_compaction._store import ROOT_NAME, _index, open_store
 from response_compaction._store._paths import prepare_root
+from tests._store_support import hex_of
 from tests.conftest import FakeClock
 from tests.schemas import FALLBACK, Exact, Row, Summary
 
@@ -78,3 +79,76 @@ def test_map_errors_names_the_action_and_the_type_not_the_value() -> None:
     with pytest.raises(rc.UnsafeStoreError) as passed, map_errors("anything"):
         raise unsafe
     assert passed.value is unsafe
+
+
+def test_an_error_after_sqlite_rolled_back_on_its_own_is_the_error_raised(tmp_path: Path) -> None:
+    """When SQLite already rolled back (a full disk mid-statement), the real error surfaces."""
+    index = _index.acquire(prepare_root(str(tmp_path / "ws")))
+    try:
+        full = sqlite3.OperationalError("database or disk is full")
+
+        def fail_after_sqlite_rolled_back() -> None:
+            with index.transaction():
+                index._conn.execute("ROLLBACK")  # what SQLite does by itself on SQLITE_FULL
+                raise full
+
+        with pytest.raises(sqlite3.OperationalError) as info:
+            fail_after_sqlite_rolled_back()
+        assert info.value is full
+        with index.transaction() as tx:  # and the index is usable afterwards
+            assert tx.keys("exact") == set()
+    finally:
+        _index.release(index)
+        _index.close_all()
+
+
+@pytest.mark.parametrize(
+    ("column", "cell"),
+    [
+        ("size", "'many'"),
+        ("size", "-5"),
+        ("expires_at", "'later'"),
+        ("expires_at", "X'00'"),
+        ("digest", "42"),
+        ("digest", "'../../etc'"),
+        ("layout", "17"),
+    ],
+)
+async def test_corrupt_index_cells_read_broken_not_raw_errors(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, column: str, cell: str
+) -> None:
+    """A cell of the wrong type or range reads Broken and verify reports it; nothing raw."""
+    value = _value(1)
+    compacted = await rc.response_compact(
+        harness, value, Exact, Summary, {"fallback": FALLBACK, "ladder": "cheap"}
+    )
+    with sqlite3.connect(_index_path(workspace)) as conn:
+        conn.execute(f"UPDATE entries SET {column} = {cell}")  # noqa: S608 - test constants
+    result = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+    if column == "layout":
+        assert isinstance(result, (rc.Found, rc.Broken))  # a layout is only a hint
+    else:
+        assert isinstance(result, rc.Broken)
+        assert "index row" in result.detail
+    store = await open_store(workspace)
+    reports = await store.verify()
+    assert len(reports) == 1
+    await store.prune(1)
+
+
+@pytest.mark.parametrize(("kind", "key"), [("exact", "../../victim"), ("../..", "victim")])
+async def test_index_rows_naming_paths_outside_the_store_touch_nothing(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, tmp_path: Path, kind: str, key: str
+) -> None:
+    """Rows rewritten to name '..' paths: verify and prune neither read nor unlink outside."""
+    await rc.response_compact(
+        harness, _value(1), Exact, Summary, {"fallback": FALLBACK, "ladder": "cheap"}
+    )
+    victim = tmp_path / "ws" / "victim"
+    victim.write_bytes(b"keep me")
+    with sqlite3.connect(_index_path(workspace)) as conn:
+        conn.execute("INSERT INTO entries VALUES (?, ?, ?, 7, 0, 0, NULL)", (kind, key, "0" * 64))
+    store = await open_store(workspace)
+    assert {report.key for report in await store.verify()} == {hex_of(_value(1))}
+    await store.prune(0)
+    assert victim.read_bytes() == b"keep me"

@@ -6,10 +6,13 @@ a read-only bind mount (a user namespace, where the machine allows one).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -18,7 +21,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 import response_compaction as rc
 from response_compaction import _store
-from tests._store_support import compact, ref_of
+from tests._store_support import FaultyBackend, compact, ref_of, store_root, with_backend
 from tests.schemas import Exact, Row
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -96,3 +99,72 @@ async def test_reads_and_verify_work_on_a_read_only_mount(
     result = await anyio.run_process(["unshare", "-rm", "sh", "-c", script], cwd=REPO, check=False)
     assert result.returncode == 0, result.stderr.decode()
     assert json.loads(result.stdout) == {"reads": ["Found"], "verify": ["found"]}
+
+
+async def test_disk_full_during_the_index_commit_is_a_plain_store_error(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """A full tmpfs at the commit: StoreError saying so, no receipt, the store still works."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    if not _read_only_mount_works(ws):
+        pytest.skip("no user namespaces here to mount a small tmpfs")
+    child = " ".join(_child("commitfull", ws, anyio_backend))
+    script = f"mount -t tmpfs -o size=2m tmpfs {ws} && exec {child}"
+    result = await anyio.run_process(["unshare", "-rm", "sh", "-c", script], cwd=REPO, check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    report = json.loads(result.stdout)
+    assert report["raised"] == "StoreError"
+    assert report["message"].endswith("store index: OperationalError: database or disk is full")
+    assert report["reads"] == ["Found", "Missing"]
+
+
+def _unlink_index(root: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        (root / f"index.sqlite3{suffix}").unlink(missing_ok=True)
+
+
+def _replace_index(root: Path) -> None:
+    fresh = root / "replacement.sqlite3"
+    sqlite3.connect(fresh).close()
+    fresh.chmod(0o600)
+    for suffix in ("-wal", "-shm"):
+        (root / f"index.sqlite3{suffix}").unlink(missing_ok=True)
+    fresh.replace(root / "index.sqlite3")
+
+
+@pytest.mark.parametrize("swap", [_unlink_index, _replace_index], ids=["unlinked", "replaced"])
+async def test_a_receipt_after_the_index_was_swapped_is_honoured_by_other_processes(
+    tmp_path: Path, anyio_backend: str, swap: object
+) -> None:
+    """Index removed or replaced under a running process: its next receipt reads in another."""
+    ws = tmp_path / "ws"
+    harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+    await compact(harness, A)  # this process now holds the index open
+    swap(store_root(ws))  # type: ignore[operator]
+    compacted = await compact(harness, B)
+    result = await anyio.run_process(
+        _child("read", ws, anyio_backend, -1, compacted.receipt.exact_ref), cwd=REPO, check=False
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    assert json.loads(result.stdout)["reads"] == ["Found"]
+
+
+async def test_an_index_swapped_inside_an_operation_fails_loudly(tmp_path: Path) -> None:
+    """Swapped between open and commit: a StoreError saying so, never a receipt."""
+    ws = tmp_path / "ws"
+    harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+    await compact(harness, A)
+
+    @contextlib.contextmanager
+    def swap_first(fn: object) -> Iterator[None]:
+        if getattr(fn, "__name__", "") == "publish":
+            _unlink_index(store_root(ws))
+        yield
+
+    swapping = with_backend(harness, FaultyBackend(in_thread=swap_first))
+    with pytest.raises(rc.StoreError, match="removed or replaced"):
+        await compact(swapping, B)
+    compacted = await compact(harness, B)  # the next call reopens it
+    assert compacted.receipt.exact_ref == ref_of(B)
+    assert await rc.response_compaction_read_exact(harness, ref_of(B), Exact) == rc.Found(value=B)

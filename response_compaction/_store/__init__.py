@@ -46,7 +46,7 @@ from .._slices import decode_layout, encode_layout
 from . import _index
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
-from ._index import Index, IndexBusy, Row
+from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._oneshot import SMALL_BYTES, put_small, read_checked
 from ._paths import (
     KINDS,
@@ -336,7 +336,10 @@ class Store:
         self, kind: Kind, key: str, schema: Any
     ) -> Found[Any] | Missing | Broken:
         async with self._using_index() as index:
-            row = await self._patiently(index.lookup, kind, key)
+            try:
+                row = await self._patiently(index.lookup, kind, key)
+            except CorruptRowError:
+                return Broken(detail=f"{kind} entry's index row is corrupt")
             now = self.clock()
             if row is None or row.expires_at <= now:
                 return Missing()

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -26,15 +28,17 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .._errors import UnsafeStoreError
-from ._paths import Kind
+from .._errors import StoreError, UnsafeStoreError
+from ._paths import Kind, valid_name
 
 __all__ = [
     "BUSY_MS",
     "MAX_IDLE_INDEXES",
+    "CorruptRowError",
     "Entry",
     "Index",
     "IndexBusy",
+    "IndexReplacedError",
     "Row",
     "Transaction",
     "acquire",
@@ -49,6 +53,7 @@ BUSY_MS = 20
 USE_FLUSH_SECONDS = 1.0
 #: Uses not yet written to the index (the write lock was busy) are kept up to this many.
 _MAX_PENDING_USES = 4096
+_HEX = re.compile(r"[0-9a-f]{64}")
 _BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 _READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
 _EXPIRED_PER_COMMIT = 64
@@ -79,6 +84,25 @@ def _busy(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc)
 
 
+class IndexReplacedError(StoreError):
+    """``index.sqlite3`` is not the file this connection has open any more."""
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path, follow_symlinks=False)
+    return st.st_dev, st.st_ino
+
+
+class CorruptRowError(ValueError):
+    """An index row whose cells are not what this library writes (types, names, ranges)."""
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 class Row(NamedTuple):
     """What a read needs to know about one entry."""
 
@@ -96,6 +120,19 @@ class Entry(NamedTuple):
     digest: str
     size: int
     expires_at: float
+    corrupt: bool = False
+
+
+def _entry(kind: object, key: object, digest: object, size: object, expires: object) -> Entry:
+    """An :class:`Entry`, or a corrupt one (for verify to report) when a cell is wrong."""
+    if not (isinstance(kind, str) and isinstance(key, str) and valid_name(kind, key)):
+        raise CorruptRowError("index row names no entry")
+    when = _number(expires)
+    if not (isinstance(digest, str) and _HEX.fullmatch(digest)) or when is None:
+        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
+    if not (isinstance(size, int) and size >= 0):
+        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
+    return Entry(kind, key, digest, size, when)  # type: ignore[arg-type]
 
 
 class Transaction:
@@ -109,7 +146,8 @@ class Transaction:
         row = self._conn.execute(
             "SELECT expires_at FROM entries WHERE kind = ? AND key = ?", (kind, key)
         ).fetchone()
-        return row is not None and float(row[0]) > now
+        when = None if row is None else _number(row[0])
+        return when is not None and when > now
 
     def upsert(self, kind: Kind, key: str, row: Row, now: float) -> None:
         """Record ``key`` as just used."""
@@ -156,7 +194,7 @@ class Transaction:
         for kind in kinds:
             counted = self._conn.execute("SELECT n FROM counts WHERE kind = ?", (kind,)).fetchone()
             # The counter includes expired rows not yet deleted, so it only says when to look.
-            if counted is None or counted[0] <= max_entries:
+            if counted is None or (isinstance(counted[0], int) and counted[0] <= max_entries):
                 continue
             found.extend(
                 (kind, key)
@@ -209,17 +247,36 @@ class Index:
             # A read-only mount: reads and verify still work, writes raise.
             self._conn = _connect_read_only(path)
             self.read_only = True
+        self.path = path
         try:
+            self._identity = _identity(path)
             self._reader = self._conn if self.read_only else _connect(path, schema=False)
         except BaseException:
             self._conn.close()
             raise
 
+    def is_current(self) -> bool:
+        """Whether ``index.sqlite3`` is still the file this index opened (not removed, replaced)."""
+        try:
+            return _identity(self.path) == self._identity
+        except FileNotFoundError:
+            return False
+
+    def _check_current(self) -> None:
+        if not self.is_current():
+            raise IndexReplacedError(
+                "the store index was removed or replaced while this process used it;"
+                " nothing was recorded, and the next call reopens it"
+            )
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Transaction]:
         """Hold the write lock; commit on success, roll back on any exception.
 
-        Raises :class:`IndexBusy` (before anything was done) when the lock is not free.
+        Raises :class:`IndexBusy` (before anything was done) when the lock is not free, and
+        :class:`IndexReplacedError` when ``index.sqlite3`` is no longer the file this
+        connection writes to: rows committed to an orphan would be receipts no other process
+        can honour. Checked once the lock is held and again just before the commit.
         """
         if self.read_only:
             raise sqlite3.OperationalError("the store index is on a read-only file system")
@@ -233,9 +290,11 @@ class Index:
                     raise IndexBusy from exc
                 raise
             try:
+                self._check_current()
                 tx = Transaction(self._conn)
                 self._flush_uses(tx)
                 yield tx
+                self._check_current()
                 self._conn.execute("COMMIT")
             except BaseException:
                 # SQLite may have rolled back already (a full disk during COMMIT does): a
@@ -308,19 +367,31 @@ class Index:
         if not rows:
             return None
         digest, size, expires_at, layout = rows[0]
-        return Row(str(digest), int(size), float(expires_at), layout)  # type: ignore[call-overload, arg-type]
+        when = _number(expires_at)
+        if (
+            not (isinstance(digest, str) and _HEX.fullmatch(digest))
+            or not (isinstance(size, int) and size >= 0)
+            or when is None
+            or not (layout is None or isinstance(layout, bytes))
+        ):
+            raise CorruptRowError("the index row of this entry is corrupt")
+        return Row(digest, size, when, layout)
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""
         rows = self._read("SELECT kind, key, digest, size, expires_at FROM entries")
-        return [Entry(*row) for row in rows]  # type: ignore[arg-type]
+        entries = []
+        for row in rows:
+            with contextlib.suppress(CorruptRowError):  # a row naming no entry has no file
+                entries.append(_entry(*row))
+        return entries
 
     def counts(self, now: float) -> dict[str, int]:
         """Live entries per kind."""
         rows = self._read(
             "SELECT kind, count(*) FROM entries WHERE expires_at > ? GROUP BY kind", (now,)
         )
-        return {str(kind): int(n) for kind, n in rows}  # type: ignore[call-overload]
+        return {str(kind): int(n) for kind, n in rows if isinstance(n, int)}
 
     def close(self) -> None:
         """Close the connections (only :func:`release` calls this, once nobody uses it)."""
@@ -381,19 +452,36 @@ class _Slot:
 
 # One connection per process and root, reopened after fork. Insertion order is recency.
 _open: collections.OrderedDict[tuple[int, str], _Slot] = collections.OrderedDict()
+# Indexes whose file was removed or replaced, still in use: closed when their last user leaves.
+_retired: dict[int, _Slot] = {}
 _open_lock = threading.Lock()
 
 
 def acquire(root: str) -> Index:
-    """The shared index of ``root``, opened if needed; pair every call with :func:`release`."""
+    """The shared index of ``root``, opened if needed; pair every call with :func:`release`.
+
+    An index whose file was removed or replaced since it was opened is retired and a fresh
+    one opened, so a process never goes on writing to an orphan.
+    """
     key = (os.getpid(), root)
     with _open_lock:
         slot = _open.get(key)
+        if slot is not None and not slot.index.is_current():
+            del _open[key]
+            _retire(slot)
+            slot = None
         if slot is None:
             slot = _open[key] = _Slot(Index(root))
         _open.move_to_end(key)
         slot.users += 1
         return slot.index
+
+
+def _retire(slot: _Slot) -> None:
+    if slot.users == 0:
+        slot.index.close()
+    else:
+        _retired[id(slot.index)] = slot
 
 
 def release(index: Index) -> None:
@@ -402,6 +490,11 @@ def release(index: Index) -> None:
         slot = _open.get((os.getpid(), index.root))
         if slot is not None and slot.index is index:
             slot.users -= 1
+        elif (retired := _retired.get(id(index))) is not None:
+            retired.users -= 1
+            if retired.users == 0:
+                del _retired[id(index)]
+                index.close()
         idle = [key for key, slot in _open.items() if slot.users == 0]
         for key in idle[: max(0, len(idle) - MAX_IDLE_INDEXES)]:
             _open.pop(key).index.close()

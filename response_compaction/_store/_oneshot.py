@@ -21,7 +21,7 @@ from .._canonical import decode_exact
 from .._errors import map_errors
 from . import _index
 from ._commit import publish, renew
-from ._index import Index, Row
+from ._index import CorruptRowError, Index, Row
 from ._paths import (
     FILE_FLAGS,
     Kind,
@@ -92,8 +92,11 @@ def _renew_if_intact(
     now: float,
     max_entries: int,
 ) -> Put | None:
-    with map_errors(INDEX_ERRORS):
-        existing = index.lookup(kind, key)
+    try:
+        with map_errors(INDEX_ERRORS):
+            existing = index.lookup(kind, key)
+    except CorruptRowError:
+        return None  # the fresh write's upsert replaces the row
     if existing is None or existing.expires_at <= now:
         return None
     if existing.digest != row.digest or existing.size != len(data):
@@ -161,8 +164,11 @@ def read_checked(
     with map_errors(INDEX_ERRORS):
         index = _index.acquire(root)
     try:
-        with map_errors(INDEX_ERRORS):
-            row = index.lookup(kind, key)
+        try:
+            with map_errors(INDEX_ERRORS):
+                row = index.lookup(kind, key)
+        except CorruptRowError:
+            return f"{kind} entry's index row is corrupt"
         if row is None or row.expires_at <= now:
             return None
         got = _read_trusted(root, kind, key, row, secret)

@@ -37,6 +37,7 @@ __all__ = [
     "regular_opener",
     "sweep_temps",
     "unlink_quietly",
+    "valid_name",
 ]
 
 ROOT_NAME = "response-compaction-v1"
@@ -50,6 +51,15 @@ _FANOUT = re.compile(r"[0-9a-f]{2}")
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def valid_name(kind: str, key: str) -> bool:
+    """Whether ``(kind, key)`` (e.g. read back from the index) names an entry.
+
+    Every path below the root is built from these two; a row rewritten to hold ``..`` or a
+    slash must never steer an unlink or a read outside the store.
+    """
+    return kind in KINDS and _HEX_KEY.fullmatch(key) is not None
 
 
 def _check_dir(fd: int, path: str) -> None:
@@ -230,6 +240,8 @@ class Dirs:
 
     def fanout(self, kind: Kind, key: str) -> int:
         """The fd of ``key``'s fan-out directory (created if missing), kept for this operation."""
+        if kind not in KINDS or not _FANOUT.fullmatch(key[:2]):
+            raise UnsafeStoreError("the store index names no entry", self.root)
         slot = (kind, key[:2])
         if slot not in self._fans:
             kind_fd = open_dir(kind, create=True, dir_fd=self.root_fd)
@@ -257,6 +269,8 @@ class Dirs:
 
     def unlink(self, kind: Kind, key: str) -> None:
         """Remove one entry (whatever sits at its name) if it is there."""
+        if not valid_name(kind, key):
+            return  # a corrupt row: it names no file, dropping the row is all there is to do
         fan_fd = self.fanout(kind, key)
         try:
             os.unlink(key, dir_fd=fan_fd)
@@ -335,6 +349,8 @@ def regular_opener(dir_fd: int | None) -> Callable[[str, int], int]:
 
 def open_fanout(root: str, kind: Kind, key: str) -> int:
     """The fan-out directory of ``key``, every component checked and opened without links."""
+    if not valid_name(kind, key):
+        raise UnsafeStoreError("not an entry name", root)
     root_fd = open_dir(root, create=False)
     try:
         kind_fd = open_dir(kind, create=False, dir_fd=root_fd)

@@ -148,6 +148,8 @@ def verify_path(path: str, hex_digest: str, size: int, schema: Any) -> str | Non
 def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
     """Blocking: re-check one entry's bytes against its trusted digest (not its schema)."""
     kind, key, size = entry.kind, entry.key, entry.size
+    if entry.corrupt:
+        return EntryReport(kind, key, "broken", size, "its index row is corrupt")
     try:
         fan_fd = open_fanout(root, kind, key)
         try:
