@@ -26,9 +26,9 @@ from ._paths import (
     FILE_FLAGS,
     Kind,
     NotRegularFileError,
-    check_root,
     open_dir,
-    open_fanout,
+    open_fanout_at,
+    open_root,
     regular_opener,
     unlink_quietly,
 )
@@ -68,7 +68,6 @@ def put_small(
     validate, is not rewritten: its TTL is renewed. Anything else (absent, expired, tampered,
     evicted meanwhile) is written afresh. Raises ``ValueError`` if the bytes do not validate.
     """
-    check_root(root)
     with map_errors(INDEX_ERRORS):
         index = _index.acquire(root)
     try:
@@ -102,7 +101,11 @@ def _renew_if_intact(
     if existing.digest != row.digest or existing.size != len(data):
         return None
     try:
-        on_disk = _read_entry(index.root, kind, key)
+        root_fd = open_dir(index.root, create=False)
+        try:
+            on_disk = _read_entry(root_fd, kind, key)
+        finally:
+            os.close(root_fd)
     except OSError:
         return None  # gone, or not a regular file: write it afresh
     # Equal bytes hash to the digest computed from ``data``; the row's digest (the same seal
@@ -160,7 +163,16 @@ def read_checked(
     saying what is wrong when the bytes cannot be trusted. The read is recorded as a use,
     best-effort (never waiting for the write lock).
     """
-    check_root(root)
+    root_fd = open_root(root)
+    try:
+        return _read_checked(root_fd, root, kind, key, now, secret)
+    finally:
+        os.close(root_fd)
+
+
+def _read_checked(
+    root_fd: int, root: str, kind: Kind, key: str, now: float, secret: bytes
+) -> tuple[Row, bytes] | str | None:
     with map_errors(INDEX_ERRORS):
         index = _index.acquire(root)
     try:
@@ -171,7 +183,7 @@ def read_checked(
             return f"{kind} entry's index row is corrupt"
         if row is None or row.expires_at <= now:
             return None
-        got = _read_trusted(root, kind, key, row, secret)
+        got = _read_trusted(root_fd, kind, key, row, secret)
         if isinstance(got, bytes):
             index.record_use(kind, key, now)
     finally:
@@ -179,9 +191,11 @@ def read_checked(
     return got if got is None or isinstance(got, str) else (row, got)
 
 
-def _read_trusted(root: str, kind: Kind, key: str, row: Row, secret: bytes) -> bytes | str | None:
+def _read_trusted(
+    root_fd: int, kind: Kind, key: str, row: Row, secret: bytes
+) -> bytes | str | None:
     try:
-        data = _read_entry(root, kind, key)
+        data = _read_entry(root_fd, kind, key)
     except FileNotFoundError:
         return None
     except NotRegularFileError as exc:
@@ -199,11 +213,15 @@ def _read_trusted(root: str, kind: Kind, key: str, row: Row, secret: bytes) -> b
 
 
 def _open_tmp(root: str) -> int:
-    return open_dir(os.path.join(root, "tmp"), False)
+    try:
+        return open_dir(os.path.join(root, "tmp"), False)
+    except FileNotFoundError:
+        os.close(open_root(root))  # removed since the store was opened: made again
+        return open_dir(os.path.join(root, "tmp"), False)
 
 
-def _read_entry(root: str, kind: Kind, key: str) -> bytes:
-    fan_fd = open_fanout(root, kind, key)
+def _read_entry(root_fd: int, kind: Kind, key: str) -> bytes:
+    fan_fd = open_fanout_at(root_fd, kind, key)
     try:
         return _read_regular(key, fan_fd)
     finally:

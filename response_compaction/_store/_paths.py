@@ -28,10 +28,11 @@ __all__ = [
     "Dirs",
     "Kind",
     "NotRegularFileError",
-    "check_root",
     "load_secret",
     "open_dir",
     "open_fanout",
+    "open_fanout_at",
+    "open_root",
     "opener",
     "prepare_root",
     "regular_opener",
@@ -111,23 +112,36 @@ def prepare_root(base: str) -> str:
     return root
 
 
-def check_root(root: str) -> None:
-    """Check the root and its subdirectories as :func:`prepare_root` does, without sweeping.
+def open_root(root: str) -> int:
+    """The root's fd, the root and its subdirectories checked as :func:`prepare_root` does.
 
-    Run at the start of every one-hop operation (a few syscalls), so a root checked once per
-    process is still refused the moment a directory becomes a symlink or shared. A root
-    removed meanwhile is made again.
+    Run by every one-hop operation (a handful of syscalls), so a root prepared once per
+    process is still refused the moment one of its directories becomes a symlink or shared.
+    A root or subdirectory removed meanwhile is made again.
     """
     try:
         root_fd = open_dir(root, create=False)
+        try:
+            for sub in ("tmp", *KINDS):
+                os.close(open_dir(sub, create=False, dir_fd=root_fd))
+        except BaseException:
+            os.close(root_fd)
+            raise
     except FileNotFoundError:
         prepare_root(os.path.dirname(root))
-        return
+        root_fd = open_dir(root, create=False)
+    return root_fd
+
+
+def open_fanout_at(root_fd: int, kind: Kind, key: str) -> int:
+    """Like :func:`open_fanout`, below an already opened and checked root."""
+    if not valid_name(kind, key):
+        raise UnsafeStoreError("not an entry name", kind)
+    kind_fd = open_dir(kind, create=False, dir_fd=root_fd)
     try:
-        for sub in ("tmp", *KINDS):
-            os.close(open_dir(sub, create=True, dir_fd=root_fd))
+        return open_dir(key[:2], create=False, dir_fd=kind_fd)
     finally:
-        os.close(root_fd)
+        os.close(kind_fd)
 
 
 def sweep_temps(root: str, older_than: float) -> int:
