@@ -36,7 +36,7 @@ __all__ = [
 WORKER_VERIFY_BYTES = 512 << 10
 #: Decoding more bytes than this in the caller's process pauses the cyclic GC meanwhile:
 #: a full collection over a freshly decoded tree can cost more than the decode itself.
-GC_PAUSE_BYTES = 1 << 20
+GC_PAUSE_BYTES = 64 << 10
 
 
 @dataclass(frozen=True, slots=True)
