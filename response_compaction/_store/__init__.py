@@ -62,6 +62,7 @@ from ._paths import (
     sweep_temps,
     unlink_quietly,
 )
+from ._turns import cpu_turn, writer_turn
 from ._verify import (
     EntryReport,
     check_entry,
@@ -203,7 +204,8 @@ class Store:
         """
         temp_name = f"{secrets.token_hex(12)}.tmp"
         if self._fast:
-            head, size, rest = _gather(pieces, SMALL_BYTES)
+            async with cpu_turn():
+                head, size, rest = _gather(pieces, SMALL_BYTES)
             if rest is None:
                 data = b"".join(head)
                 return await self._put_small(kind, key, data, layout, schema, ttl_seconds,
@@ -224,7 +226,7 @@ class Store:
                     now + ttl_seconds,
                     encode_layout(layout) if layout else None,
                 )
-                async with self._using_index() as index:
+                async with self._using_index() as index, writer_turn(self.root):
                     with map_errors(f"could not publish the {kind} value in the store index"):
                         reused = await self._patiently(
                             publish,
@@ -290,8 +292,14 @@ class Store:
         try:
             hasher = hashlib.sha256()
             size = 0
-            for piece in pieces:
-                hasher.update(piece)
+            it = iter(pieces)
+            while True:
+                async with cpu_turn():  # encoding the next piece holds the loop
+                    piece = next(it, None)
+                    if piece is not None:
+                        hasher.update(piece)
+                if piece is None:
+                    break
                 size += len(piece)
                 await _write_all(file, piece)
             await backend.run(os.fsync, file.fileno())

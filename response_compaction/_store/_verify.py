@@ -18,6 +18,7 @@ from .._slices import decode_sliced
 from ._fileio import FileBackend
 from ._index import Entry
 from ._paths import FILE_FLAGS, Kind, open_fanout, regular_opener
+from ._turns import cpu_turn, next_turn
 
 __all__ = [
     "EntryReport",
@@ -98,7 +99,8 @@ async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> An
     if len(data) < GC_PAUSE_BYTES:
         return decode_exact(data, schema)
     with paused_gc():
-        return await decode_sliced(data, schema, spans, anyio.lowlevel.checkpoint)
+        async with cpu_turn():
+            return await decode_sliced(data, schema, spans, next_turn)
 
 
 async def verify_file(
