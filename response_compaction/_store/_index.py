@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import math
 import os
 import re
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
@@ -53,6 +55,7 @@ BUSY_MS = 20
 USE_FLUSH_SECONDS = 1.0
 #: Uses not yet written to the index (the write lock was busy) are kept up to this many.
 _MAX_PENDING_USES = 4096
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _HEX = re.compile(r"[0-9a-f]{64}")
 _BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 _READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
@@ -235,8 +238,7 @@ class Index:
         self._pending: dict[tuple[Kind, str], float] = {}
         self._next_flush = 0.0
         path = os.path.join(root, "index.sqlite3")
-        if os.path.islink(path):
-            raise UnsafeStoreError("store index is a symlink", path)
+        _own_files(path)
         try:
             self._conn = _connect(path)
         except sqlite3.OperationalError as exc:
@@ -400,6 +402,37 @@ class Index:
         self._conn.close()
 
 
+def _own_files(path: str) -> None:
+    """Make sure the index and its -wal/-shm are private regular files of ours, one link each.
+
+    The index is created here, 0600, before SQLite opens it: SQLite gives the -wal and -shm it
+    creates the database file's mode, and a database it creates itself gets 0644 (or 0666
+    under umask 0). A hard link (into another database) or another owner is refused; a mode
+    left open by an older build is narrowed.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600))
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeStoreError("store index is a symlink", name) from exc
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise UnsafeStoreError("store index is not a regular file of ours", name)
+            if st.st_nlink != 1:
+                raise UnsafeStoreError("store index has other hard links", name)
+            if st.st_mode & 0o077:
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+
+
 def _connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
     conn = sqlite3.connect(
         path, timeout=BUSY_MS / 1000, isolation_level=None, check_same_thread=False
@@ -422,7 +455,6 @@ def _connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            os.chmod(path, 0o600)
     except BaseException:
         conn.close()
         raise

@@ -28,6 +28,8 @@ __all__ = [
     "Dirs",
     "Kind",
     "NotRegularFileError",
+    "check_ancestors",
+    "fsync_parent",
     "load_secret",
     "open_dir",
     "open_fanout",
@@ -71,11 +73,33 @@ def _check_dir(fd: int, path: str) -> None:
         raise UnsafeStoreError("store directory is writable by group or others", path)
 
 
+def fsync_parent(path: str, dir_fd: int | None = None) -> None:
+    """Make a new name in ``path``'s parent durable (after mkdir, rename, link)."""
+    if dir_fd is not None and os.sep not in path:
+        os.fsync(dir_fd)
+        return
+    # A workspace ancestor may be a symlink of ours (check_ancestors vetted it): follow it.
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    parent = os.open(os.path.dirname(os.path.abspath(path)), flags, dir_fd=dir_fd)
+    try:
+        os.fsync(parent)
+    finally:
+        os.close(parent)
+
+
 def open_dir(path: str, create: bool, dir_fd: int | None = None) -> int:
-    """Open (creating 0700 if asked) a directory we own, refusing symlinks and shared modes."""
+    """Open (creating 0700 if asked) a directory we own, refusing symlinks and shared modes.
+
+    A directory it creates is made durable in its parent at once: a fan-out directory lost in
+    a crash would take the fsynced entries below it along.
+    """
     if create:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(path, 0o700, dir_fd=dir_fd)
+        except FileExistsError:
+            pass
+        else:
+            fsync_parent(path, dir_fd)
     try:
         fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -90,13 +114,63 @@ def open_dir(path: str, create: bool, dir_fd: int | None = None) -> int:
     return fd
 
 
+def make_dirs(path: str) -> None:
+    """``os.makedirs`` with every directory it creates 0700 and durable in its parent.
+
+    (``os.makedirs`` gives intermediate directories 0777 less the umask: 0777 under umask 0.)
+    """
+    path = os.path.abspath(path)
+    missing: list[str] = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue
+        fsync_parent(directory)
+
+
 _swept: set[tuple[int, str]] = set()
 _swept_lock = threading.Lock()
 
 
+def check_ancestors(base: str) -> None:
+    """Refuse a workspace another user could redirect (raise :class:`UnsafeStoreError`).
+
+    The rule (like OpenSSH's StrictModes): every existing directory on the way to ``base``,
+    both as written and after resolving links, must be owned by us or root and not writable
+    by group or others unless it has the sticky bit (``/tmp``); every symlink on the way must
+    be owned by us or root. Anyone else could rename or replace a component and so move the
+    store, or plant one where it is about to be created.
+    """
+    trusted = {0, os.geteuid()}
+    for path in (os.path.abspath(base), os.path.realpath(base)):
+        prefix = os.sep
+        for part in path.split(os.sep):
+            prefix = os.path.join(prefix, part)
+            try:
+                st = os.lstat(prefix)
+            except FileNotFoundError:
+                break  # the rest is created by us, 0700
+            if st.st_uid not in trusted:
+                raise UnsafeStoreError("a workspace ancestor is owned by another user", prefix)
+            shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            if stat.S_ISDIR(st.st_mode) and shared and not st.st_mode & stat.S_ISVTX:
+                raise UnsafeStoreError(
+                    "a workspace ancestor is writable by group or others without the sticky bit",
+                    prefix,
+                )
+
+
 def prepare_root(base: str) -> str:
     """Create and check the owned root below ``base``; sweep stale temps once per process."""
-    os.makedirs(base, mode=0o700, exist_ok=True)
+    check_ancestors(base)
+    make_dirs(base)
     root = os.path.join(os.path.abspath(base), ROOT_NAME)
     root_fd = open_dir(root, create=True)
     try:
