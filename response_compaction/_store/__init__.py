@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from .. import _pool
 from .._canonical import Span
@@ -47,7 +48,7 @@ from . import _index
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import AsyncBinaryFile, FileBackend, current_backend
 from ._index import CorruptRowError, Index, IndexBusy, Row
-from ._oneshot import SMALL_BYTES, put_small, read_checked
+from ._oneshot import NOT_INLINE, SMALL_BYTES, put_small, read_checked, read_inline
 from ._paths import (
     KINDS,
     ROOT_NAME,
@@ -62,7 +63,7 @@ from ._paths import (
     sweep_temps,
     unlink_quietly,
 )
-from ._turns import cpu_turn, writer_turn
+from ._turns import cpu_turn, pace, writer_turn
 from ._verify import (
     EntryReport,
     check_entry,
@@ -326,9 +327,14 @@ class Store:
         """Read, digest-check and validate one entry; a read counts as a use."""
         if not self._fast:
             return await self._get_stepwise(kind, key, schema)
+        await anyio.lowlevel.checkpoint_if_cancelled()
         now = self.clock()
         with map_errors(f"could not read the {kind} entry"):
-            got = await self._patiently(read_checked, self.root, kind, key, now, self._secret)
+            got = read_inline(self.root, kind, key, now, self._secret)
+            if got is NOT_INLINE:
+                got = await self._patiently(read_checked, self.root, kind, key, now, self._secret)
+            else:
+                await pace()
         if got is None:
             return Missing()
         if isinstance(got, str):

@@ -44,6 +44,7 @@ __all__ = [
     "Row",
     "Transaction",
     "acquire",
+    "acquire_now",
     "close_all",
     "release",
 ]
@@ -313,6 +314,10 @@ class Index:
         for (kind, key), when in pending.items():
             tx.touch(kind, key, when)
 
+    def flush_due(self) -> bool:
+        """Whether uses are waiting to be written and the batching interval has passed."""
+        return bool(self._pending) and time.monotonic() >= self._next_flush
+
     def record_use(self, kind: Kind, key: str, now: float) -> None:
         """Count a read as a use, best-effort: never waits for the write lock, never raises.
 
@@ -348,8 +353,10 @@ class Index:
         finally:
             self._lock.release()
 
-    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-        if not self._read_lock.acquire(timeout=BUSY_MS / 1000):
+    def _read(
+        self, sql: str, args: tuple[object, ...] = (), *, wait: bool = True
+    ) -> list[tuple[object, ...]]:
+        if not self._read_lock.acquire(timeout=BUSY_MS / 1000 if wait else 0):
             raise IndexBusy
         try:
             return self._reader.execute(sql, args).fetchall()
@@ -360,11 +367,12 @@ class Index:
         finally:
             self._read_lock.release()
 
-    def lookup(self, kind: Kind, key: str) -> Row | None:
-        """The row of ``key``, expired or not."""
+    def lookup(self, kind: Kind, key: str, *, wait: bool = True) -> Row | None:
+        """The row of ``key``, expired or not; ``wait=False``: IndexBusy at once if in use."""
         rows = self._read(
             "SELECT digest, size, expires_at, layout FROM entries WHERE kind = ? AND key = ?",
             (kind, key),
+            wait=wait,
         )
         if not rows:
             return None
@@ -509,6 +517,23 @@ def acquire(root: str) -> Index:
         return slot.index
 
 
+def acquire_now(root: str) -> Index | None:
+    """Like :func:`acquire`, but never waits or opens: the index if already open and current.
+
+    For the event loop thread (small reads inline); None means "take a worker thread".
+    """
+    if not _open_lock.acquire(blocking=False):
+        return None
+    try:
+        slot = _open.get((os.getpid(), root))
+        if slot is None or not slot.index.is_current():
+            return None
+        slot.users += 1
+        return slot.index
+    finally:
+        _open_lock.release()
+
+
 def _retire(slot: _Slot) -> None:
     if slot.users == 0:
         slot.index.close()
@@ -516,8 +541,12 @@ def _retire(slot: _Slot) -> None:
         _retired[id(slot.index)] = slot
 
 
-def release(index: Index) -> None:
-    """Let go of ``index``; close the least recently used idle ones beyond the cache size."""
+def release(index: Index, *, close_idle: bool = True) -> None:
+    """Let go of ``index``; close the least recently used idle ones beyond the cache size.
+
+    ``close_idle=False`` (on the event loop thread) leaves that to the next release: closing
+    a WAL database checkpoints it, a write and an fsync.
+    """
     with _open_lock:
         slot = _open.get((os.getpid(), index.root))
         if slot is not None and slot.index is index:
@@ -527,7 +556,7 @@ def release(index: Index) -> None:
             if retired.users == 0:
                 del _retired[id(index)]
                 index.close()
-        idle = [key for key, slot in _open.items() if slot.users == 0]
+        idle = [key for key, slot in _open.items() if slot.users == 0] if close_idle else []
         for key in idle[: max(0, len(idle) - MAX_IDLE_INDEXES)]:
             _open.pop(key).index.close()
 

@@ -21,7 +21,7 @@ from .._canonical import decode_exact
 from .._errors import map_errors
 from . import _index
 from ._commit import publish, renew
-from ._index import CorruptRowError, Index, Row
+from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import (
     FILE_FLAGS,
     Kind,
@@ -34,10 +34,23 @@ from ._paths import (
 )
 from ._verify import check_digest, check_trusted
 
-__all__ = ["INDEX_ERRORS", "SMALL_BYTES", "Put", "put_small", "read_checked"]
+__all__ = [
+    "INDEX_ERRORS",
+    "INLINE_READ_BYTES",
+    "NOT_INLINE",
+    "SMALL_BYTES",
+    "Put",
+    "put_small",
+    "read_checked",
+    "read_inline",
+]
 
 INDEX_ERRORS = "could not use the store index"
 
+#: Entries up to this size are read on the event loop thread (see :func:`read_inline`).
+INLINE_READ_BYTES = 64 << 10
+#: What :func:`read_inline` returns when the read must take a worker thread.
+NOT_INLINE: Any = object()
 #: Values up to this size are buffered on the loop and stored in one hop; decoding this much
 #: holds the GIL for well under a millisecond.
 SMALL_BYTES = 256 << 10
@@ -192,10 +205,10 @@ def _read_checked(
 
 
 def _read_trusted(
-    root_fd: int, kind: Kind, key: str, row: Row, secret: bytes
+    root_fd: int, kind: Kind, key: str, row: Row, secret: bytes, limit: int = -1
 ) -> bytes | str | None:
     try:
-        data = _read_entry(root_fd, kind, key)
+        data = _read_entry(root_fd, kind, key, limit)
     except FileNotFoundError:
         return None
     except NotRegularFileError as exc:
@@ -212,6 +225,45 @@ def _read_trusted(
     return data
 
 
+def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> Any:
+    """:func:`read_checked` run on the event loop thread, for small entries only.
+
+    A hop to a worker thread costs more than reading, hashing and decoding a few KB from the
+    page cache, so a small entry is read right here, provided nothing would make the loop
+    wait: the index must already be open and its reader free this instant, the row must say
+    at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read), and no
+    batch of recorded uses may be due (writing it is a commit). Otherwise ``NOT_INLINE``:
+    take the worker thread.
+    """
+    index = _index.acquire_now(root)
+    if index is None:
+        return NOT_INLINE
+    try:
+        if index.flush_due():
+            return NOT_INLINE
+        try:
+            with map_errors(INDEX_ERRORS):
+                row = index.lookup(kind, key, wait=False)
+        except IndexBusy:
+            return NOT_INLINE
+        except CorruptRowError:
+            return f"{kind} entry's index row is corrupt"
+        if row is None or row.expires_at <= now:
+            return None
+        if row.size > INLINE_READ_BYTES:
+            return NOT_INLINE
+        root_fd = open_root(root)
+        try:
+            got = _read_trusted(root_fd, kind, key, row, secret, INLINE_READ_BYTES)
+        finally:
+            os.close(root_fd)
+        if isinstance(got, bytes):
+            index.record_use(kind, key, now)  # only noted: no batch was due
+    finally:
+        _index.release(index, close_idle=False)
+    return got if got is None or isinstance(got, str) else (row, got)
+
+
 def _open_tmp(root: str) -> int:
     try:
         return open_dir(os.path.join(root, "tmp"), False)
@@ -220,18 +272,28 @@ def _open_tmp(root: str) -> int:
         return open_dir(os.path.join(root, "tmp"), False)
 
 
-def _read_entry(root_fd: int, kind: Kind, key: str) -> bytes:
+def _read_entry(root_fd: int, kind: Kind, key: str, limit: int = -1) -> bytes:
     fan_fd = open_fanout_at(root_fd, kind, key)
     try:
-        return _read_regular(key, fan_fd)
+        return _read_regular(key, fan_fd, limit)
     finally:
         os.close(fan_fd)
 
 
-def _read_regular(name: str, dir_fd: int) -> bytes:
+def _read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
+    """The file's bytes; with a ``limit``, at most ``limit + 1`` of them.
+
+    One byte more is enough to tell that a file is longer than its row says (it then fails
+    the digest check), and a planted huge file is never read whole on the loop.
+    """
     fd = regular_opener(dir_fd)(name, os.O_RDONLY)
     with os.fdopen(fd, "rb", buffering=0) as file:
-        return file.readall()
+        if limit < 0:
+            return file.readall()
+        data = bytearray()
+        while len(data) <= limit and (chunk := file.read(limit + 1 - len(data))):
+            data += chunk
+        return bytes(data)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -11,13 +11,18 @@ worker thread while it polls SQLite's lock (the retry loop stays, for other proc
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import anyio.lowlevel
 from anyio.lowlevel import RunVar
 
-__all__ = ["cpu_turn", "next_turn", "writer_turn"]
+__all__ = ["cpu_turn", "next_turn", "pace", "writer_turn"]
 
 _CPU: RunVar[anyio.Lock] = RunVar("response_compaction_cpu_turn")
+_PACED: RunVar[list[float]] = RunVar("response_compaction_paced")
+#: Work done on the loop without a schedule point (inline reads) is cut at about this long.
+PACE_SECONDS = 0.001
 _WRITERS: RunVar[dict[str, anyio.Lock]] = RunVar("response_compaction_writer_turns")
 
 
@@ -39,6 +44,26 @@ async def next_turn() -> None:
         await anyio.lowlevel.checkpoint()
     finally:
         await lock.acquire()
+
+
+async def pace() -> None:
+    """After work done inline on the loop: a schedule point once ``PACE_SECONDS`` have passed.
+
+    Small reads complete without ever waiting, so a task reading many in a row would never
+    let the loop run: it yields when this loop last had one of our yields long enough ago.
+    Always a cancellation point.
+    """
+    now = time.perf_counter()
+    try:
+        last = _PACED.get()
+    except LookupError:
+        last = [now]
+        _PACED.set(last)
+    if now - last[0] >= PACE_SECONDS:
+        last[0] = now
+        await anyio.lowlevel.checkpoint()
+    else:
+        await anyio.lowlevel.checkpoint_if_cancelled()
 
 
 def writer_turn(root: str) -> anyio.Lock:
