@@ -36,7 +36,16 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["NOT_DONE", "POOL", "describe", "receive", "resolve", "send", "verify"]
+__all__ = [
+    "NOT_DONE",
+    "POOL",
+    "describe",
+    "receive",
+    "resolve",
+    "send",
+    "usable_cores",
+    "verify",
+]
 
 #: What :func:`verify` returns when no worker did the job: the caller must verify.
 NOT_DONE: Any = object()
@@ -168,7 +177,7 @@ class _Worker:
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
@@ -200,7 +209,7 @@ class Pool:
             if self._started or self._closed:
                 return
             self._started = True
-            count = _usable_cores()
+            count = usable_cores()
         for _ in range(count):
             self._spawn_soon()
 
