@@ -32,6 +32,7 @@ import sys
 import threading
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -189,6 +190,7 @@ class Pool:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._idle: list[_Worker] = []
         self._all: list[_Worker] = []
         self._started = False
@@ -202,6 +204,11 @@ class Pool:
         """How many workers are idle and ready now."""
         with self._lock:
             return len(self._idle)
+
+    def wait_ready(self, ready: Callable[[int], bool], timeout: float) -> bool:
+        """Block until ``ready(idle worker count)`` holds (tests, benchmarks); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: ready(len(self._idle)), timeout)
 
     def start(self) -> None:
         """Start the workers (once per process) without waiting for them."""
@@ -241,10 +248,12 @@ class Pool:
             if self._closed:
                 return
             self._idle.append(worker)
+            self._changed.notify_all()
 
     def checkout(self) -> _Worker | None:
         """An idle, ready worker, or None (verify in the caller)."""
         with self._lock:
+            self._changed.notify_all()
             return self._idle.pop() if self._idle else None
 
     def checkin(self, worker: _Worker) -> None:
@@ -252,6 +261,7 @@ class Pool:
         with self._lock:
             if not self._closed:
                 self._idle.append(worker)
+                self._changed.notify_all()
                 return
         worker.stop(1)
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 
 import response_compaction as rc
@@ -67,21 +68,18 @@ async def test_an_oversized_small_entry_reads_broken(harness: rc.Harness) -> Non
 async def test_a_cancelled_worker_verification_is_replaced(tmp_path: Path) -> None:
     """Cancelling a compaction while a worker verifies it leaves a full, working pool."""
     _pool.POOL.start()
-    with anyio.fail_after(60):
-        while _pool.POOL.ready_count() < _pool.usable_cores():
-            await anyio.sleep(0.01)
+    cores = _pool.usable_cores()
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= cores, 60)
     harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path / "ws"), llm=None)
     options = {"fallback": Summary(overview="x", critical_facts=[]), "ladder": "cheap",
                "summarize_above_bytes": 1000}  # fmt: skip
-    full = _pool.POOL.ready_count()
-    with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(rc.response_compact, harness, big_exact(60_000), Exact, Summary, options)
-            while _pool.POOL.ready_count() == full:  # until a worker is checked out
-                await anyio.sleep(0.0005)
-            tg.cancel_scope.cancel()
-        while _pool.POOL.ready_count() < full:  # a killed worker is replaced
-            await anyio.sleep(0.01)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rc.response_compact, harness, big_exact(60_000), Exact, Summary, options)
+        # Until a worker is checked out for this value's verification, then cancel it.
+        assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n < cores, 60)
+        tg.cancel_scope.cancel()
+    # A worker killed by the cancellation is replaced.
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= cores, 60)
     before = _pool.POOL.calls
     out = await rc.response_compact(harness, big_exact(60_001), Exact, Summary, options)
     assert out.receipt.exact_cache == "stored"
