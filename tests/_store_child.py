@@ -18,6 +18,9 @@ Modes (each runs on the anyio backend named on the command line):
     Compact one value, then another whose index commit meets a full disk (``WS`` is a small
     tmpfs; a filler file takes its last byte inside the worker thread, just before that
     commit); print one JSON line: what was raised, and what reads of both return afterwards.
+``clocked WS BACKEND NOW TTL STEP...``
+    With a clock stopped at ``NOW``, run each step: ``put:TAG`` compacts ``tagged(TAG)`` with
+    ``TTL``, ``read:TAG`` reads it, ``prune`` prunes; print one JSON list of the outcomes.
 ``share WS BACKEND WORKER COUNT MAX_ENTRIES``
     Write ``COUNT`` values (some shared with other workers) into a store bounded by
     ``MAX_ENTRIES``, reading each back and one earlier one after every write; print one JSON
@@ -120,6 +123,28 @@ async def _share(ws: str, worker: int, count: int, max_entries: int) -> None:
     print(json.dumps({**counts, "details": details[:5]}), flush=True)
 
 
+def tagged(tag: str) -> Exact:
+    """A small value named by ``tag`` (the clocked mode's values)."""
+    return Exact(rows=[Row(id=0, name=tag)], total=0)
+
+
+async def _clocked(ws: str, now: float, ttl: int, steps: list[str]) -> None:
+    harness = rc.Harness(fs=rc.LocalWorkspace(ws, clock=lambda: now), llm=None)
+    outcomes: list[str] = []
+    for step in steps:
+        action, _, tag = step.partition(":")
+        if action == "put":
+            compacted = await _compact(harness, tagged(tag), ttl_seconds=ttl)
+            outcomes.append(compacted.receipt.exact_cache)
+        elif action == "read":
+            ref = "rc1:" + _hex(tagged(tag))
+            outcomes.append(_outcome(await rc.response_compaction_read_exact(harness, ref, Exact)))
+        else:
+            store = await open_store(rc.LocalWorkspace(ws, clock=lambda: now))
+            outcomes.append(f"pruned {await store.prune()}")
+    print(json.dumps(outcomes), flush=True)
+
+
 def _hold(ws: str) -> None:
     conn = sqlite3.connect(
         os.path.join(ws, "response-compaction-v1", "index.sqlite3"), isolation_level=None
@@ -211,6 +236,8 @@ def main(argv: list[str]) -> None:
         anyio.run(_loop, ws, rest[0], backend=backend)
     elif mode == "commitfull":
         anyio.run(_commitfull, ws, backend=backend)
+    elif mode == "clocked":
+        anyio.run(_clocked, ws, float(rest[0]), int(rest[1]), rest[2:], backend=backend)
     elif mode == "hold":
         _hold(ws)
     elif mode == "read":

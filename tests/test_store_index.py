@@ -147,7 +147,11 @@ async def test_index_rows_naming_paths_outside_the_store_touch_nothing(
     victim = tmp_path / "ws" / "victim"
     victim.write_bytes(b"keep me")
     with sqlite3.connect(_index_path(workspace)) as conn:
-        conn.execute("INSERT INTO entries VALUES (?, ?, ?, 7, 0, 0, NULL)", (kind, key, "0" * 64))
+        conn.execute(
+            "INSERT INTO entries (kind, key, digest, size, expires_at, last_used)"
+            " VALUES (?, ?, ?, 7, 0, 0)",
+            (kind, key, "0" * 64),
+        )
     store = await open_store(workspace)
     assert {report.key for report in await store.verify()} == {hex_of(_value(1))}
     await store.prune(0)

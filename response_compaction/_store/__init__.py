@@ -15,10 +15,13 @@ fsynced, and the row upserted. TTL and LRU live in the index, not in file times 
 noatime make atime useless, and a read must count as a use). Eviction deletes the row and the
 file under the same lock, so a writer never has its fresh entry unlinked, and fan-out
 directories are never removed. A reader that finds the row but not the file (a concurrent
-eviction) reports ``Missing``; any byte that does not hash to the recorded digest is ``Broken``.
+eviction) reports ``Missing``; any byte that does not hash to the reference (or, for a
+summary, is not sealed to its key) is ``Broken``: the index is a hint, never trusted for data.
 
-Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (SQL only),
-``_verify`` (size, digest and schema checks), ``_fileio`` (the per-event-loop file seam).
+Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (the connection
+registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
+safely), ``_clocks`` (expiry rules across skewed clocks), ``_secret`` (the sealing key),
+``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop file seam).
 This module puts them together; nothing below it imports it.
 """
 
@@ -55,7 +58,6 @@ from ._paths import (
     STALE_TEMP_SECONDS,
     Kind,
     NotRegularFileError,
-    load_secret,
     open_dir,
     open_fanout,
     opener,
@@ -63,6 +65,7 @@ from ._paths import (
     sweep_temps,
     unlink_quietly,
 )
+from ._secret import load_secret
 from ._turns import cpu_turn, pace, writer_turn
 from ._verify import (
     EntryReport,
@@ -349,13 +352,15 @@ class Store:
     async def _get_stepwise(
         self, kind: Kind, key: str, schema: Any
     ) -> Found[Any] | Missing | Broken:
+        now = self.clock()
         async with self._using_index() as index:
             try:
-                row = await self._patiently(index.lookup, kind, key)
+                row = await self._patiently(index.lookup, kind, key, now)
             except CorruptRowError:
                 return Broken(detail=f"{kind} entry's index row is corrupt")
-            now = self.clock()
-            if row is None or row.expires_at <= now:
+            # Expired by this clock, or by the time other clocks already witnessed (_clocks):
+            # a clock that went backwards does not revive an entry.
+            if row is None or row.expires_at <= max(now, row.attested):
                 return Missing()
             with map_errors(f"could not read the {kind} entry"):
                 data = await self._read_entry(kind, key)

@@ -23,6 +23,7 @@ def publish(
     Returns whether ``key`` was live before.
     """
     with index.transaction() as tx, Dirs(index.root) as dirs:
+        tx.saw(now)
         reused = tx.is_live(kind, key, now)
         dirs.publish(temp_name, kind, key)
         tx.upsert(kind, key, row, now)
@@ -37,6 +38,7 @@ def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries:
     another process evicted or replaced it after we read it, and the caller writes afresh.
     """
     with index.transaction() as tx:
+        tx.saw(now)
         if not tx.renew(kind, key, row, now):
             return False
         with Dirs(index.root) as dirs:
@@ -54,6 +56,7 @@ def _evict(tx: Transaction, dirs: Dirs, kind: Kind, key: str, now: float, bound:
 def prune_all(index: Index, now: float, max_entries: int | None) -> int:
     """Evict expired and surplus entries, and files no row names; how many files went."""
     with index.transaction() as tx, Dirs(index.root) as dirs:
+        tx.saw(now)
         victims = tx.victims(KINDS, now, max_entries)
         for kind, key in victims:
             tx.delete(kind, key)

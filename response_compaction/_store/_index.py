@@ -18,20 +18,36 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
-import math
 import os
-import re
 import sqlite3
-import stat
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any
 
-from .._errors import StoreError, UnsafeStoreError
-from ._paths import Kind, valid_name
+from .._errors import StoreError
+from ._clocks import writer_id
+from ._paths import Kind
+from ._sqlite import (
+    BUSY_MS,
+    READONLY_CODES,
+    IndexBusy,
+    busy,
+    connect,
+    connect_read_only,
+    identity,
+    own_files,
+)
+from ._tx import (
+    HEX,
+    LOOKUP,
+    CorruptRowError,
+    Entry,
+    Row,
+    Transaction,
+    entry_of,
+    number,
+)
 
 __all__ = [
     "BUSY_MS",
@@ -50,182 +66,14 @@ __all__ = [
 ]
 
 MAX_IDLE_INDEXES = 8
-#: The longest a worker thread waits inside SQLite for a lock before giving the event loop back.
-BUSY_MS = 20
-#: Uses recorded by reads are written at most this often (and with every write before that).
-USE_FLUSH_SECONDS = 1.0
 #: Uses not yet written to the index (the write lock was busy) are kept up to this many.
 _MAX_PENDING_USES = 4096
-_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
-_HEX = re.compile(r"[0-9a-f]{64}")
-_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
-_READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
-_EXPIRED_PER_COMMIT = 64
-# Rows per kind are counted by triggers: a count(*) on every commit grew with the store
-# (1.4 ms at 10,000 rows, 14 ms at 100,000).
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS entries (
-        kind TEXT NOT NULL, key TEXT NOT NULL, digest TEXT NOT NULL,
-        size INTEGER NOT NULL, expires_at REAL NOT NULL, last_used REAL NOT NULL,
-        layout BLOB, PRIMARY KEY (kind, key)) WITHOUT ROWID""",
-    "CREATE INDEX IF NOT EXISTS entries_lru ON entries (kind, last_used)",
-    "CREATE INDEX IF NOT EXISTS entries_expiry ON entries (expires_at)",
-    "CREATE TABLE IF NOT EXISTS counts (kind TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID",
-    """CREATE TRIGGER IF NOT EXISTS entries_added AFTER INSERT ON entries BEGIN
-        INSERT INTO counts VALUES (NEW.kind, 1) ON CONFLICT (kind) DO UPDATE SET n = n + 1;
-    END""",
-    """CREATE TRIGGER IF NOT EXISTS entries_removed AFTER DELETE ON entries BEGIN
-        UPDATE counts SET n = n - 1 WHERE kind = OLD.kind;
-    END""",
-)
-
-
-class IndexBusy(Exception):  # noqa: N818 - a signal to retry, not an error anyone sees
-    """The write lock is held by another thread or process right now; retry later."""
-
-
-def _busy(exc: sqlite3.Error) -> bool:
-    return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc)
+#: Uses recorded by reads are written at most this often (and with every write before that).
+USE_FLUSH_SECONDS = 1.0
 
 
 class IndexReplacedError(StoreError):
     """``index.sqlite3`` is not the file this connection has open any more."""
-
-
-def _identity(path: str) -> tuple[int, int]:
-    st = os.stat(path, follow_symlinks=False)
-    return st.st_dev, st.st_ino
-
-
-class CorruptRowError(ValueError):
-    """An index row whose cells are not what this library writes (types, names, ranges)."""
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-class Row(NamedTuple):
-    """What a read needs to know about one entry."""
-
-    digest: str
-    size: int
-    expires_at: float
-    layout: bytes | None
-
-
-class Entry(NamedTuple):
-    """One recorded entry, as ``verify`` walks them."""
-
-    kind: Kind
-    key: str
-    digest: str
-    size: int
-    expires_at: float
-    corrupt: bool = False
-
-
-def _entry(kind: object, key: object, digest: object, size: object, expires: object) -> Entry:
-    """An :class:`Entry`, or a corrupt one (for verify to report) when a cell is wrong."""
-    if not (isinstance(kind, str) and isinstance(key, str) and valid_name(kind, key)):
-        raise CorruptRowError("index row names no entry")
-    when = _number(expires)
-    if not (isinstance(digest, str) and _HEX.fullmatch(digest)) or when is None:
-        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
-    if not (isinstance(size, int) and size >= 0):
-        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
-    return Entry(kind, key, digest, size, when)  # type: ignore[arg-type]
-
-
-class Transaction:
-    """The write statements, valid only inside :meth:`Index.transaction`."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def is_live(self, kind: Kind, key: str, now: float) -> bool:
-        """Whether ``key`` has an unexpired row."""
-        row = self._conn.execute(
-            "SELECT expires_at FROM entries WHERE kind = ? AND key = ?", (kind, key)
-        ).fetchone()
-        when = None if row is None else _number(row[0])
-        return when is not None and when > now
-
-    def upsert(self, kind: Kind, key: str, row: Row, now: float) -> None:
-        """Record ``key`` as just used."""
-        # An upsert, not INSERT OR REPLACE: a replace deletes without firing triggers.
-        self._conn.execute(
-            "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (kind, key)"
-            " DO UPDATE SET digest = excluded.digest, size = excluded.size,"
-            " expires_at = excluded.expires_at, last_used = excluded.last_used,"
-            " layout = excluded.layout",
-            (kind, key, row.digest, row.size, row.expires_at, now, row.layout),
-        )
-
-    def renew(self, kind: Kind, key: str, row: Row, now: float) -> bool:
-        """Give the live row of ``key`` holding ``row``'s digest a new expiry; False if none."""
-        cursor = self._conn.execute(
-            "UPDATE entries SET expires_at = ?, last_used = max(last_used, ?)"
-            " WHERE kind = ? AND key = ? AND digest = ? AND size = ? AND expires_at > ?",
-            (row.expires_at, now, kind, key, row.digest, row.size, now),
-        )
-        return cursor.rowcount == 1
-
-    def victims(
-        self,
-        kinds: tuple[Kind, ...],
-        now: float,
-        max_entries: int | None,
-        *,
-        keep: str = "",
-        expired_limit: int = -1,
-    ) -> list[tuple[Kind, str]]:
-        """The rows to evict: expired ones, then each kind's least recently used beyond the bound.
-
-        At most ``expired_limit`` expired rows (-1: all). ``keep`` is never chosen, and counts
-        as one of the ``max_entries`` live rows.
-        """
-        found: list[tuple[Kind, str]] = [
-            (kind, key)
-            for kind, key in self._conn.execute(
-                "SELECT kind, key FROM entries WHERE expires_at <= ? LIMIT ?", (now, expired_limit)
-            )
-        ]
-        if max_entries is None:
-            return found
-        for kind in kinds:
-            counted = self._conn.execute("SELECT n FROM counts WHERE kind = ?", (kind,)).fetchone()
-            # The counter includes expired rows not yet deleted, so it only says when to look.
-            if counted is None or (isinstance(counted[0], int) and counted[0] <= max_entries):
-                continue
-            found.extend(
-                (kind, key)
-                for (key,) in self._conn.execute(
-                    "SELECT key FROM entries WHERE kind = ? AND key != ? AND expires_at > ?"
-                    " ORDER BY last_used DESC LIMIT -1 OFFSET ?",
-                    (kind, keep, now, max_entries - 1 if keep else max_entries),
-                )
-            )
-        return found
-
-    def touch(self, kind: Kind, key: str, when: float) -> None:
-        """Record a use of ``key`` at ``when`` (never moves its last use backwards)."""
-        self._conn.execute(
-            "UPDATE entries SET last_used = max(last_used, ?) WHERE kind = ? AND key = ?",
-            (when, kind, key),
-        )
-
-    def delete(self, kind: Kind, key: str) -> None:
-        """Drop one row."""
-        self._conn.execute("DELETE FROM entries WHERE kind = ? AND key = ?", (kind, key))
-
-    def keys(self, kind: Kind) -> set[str]:
-        """Every recorded key of ``kind``, expired or not."""
-        return {
-            key for (key,) in self._conn.execute("SELECT key FROM entries WHERE kind = ?", (kind,))
-        }
 
 
 class Index:
@@ -239,21 +87,21 @@ class Index:
         self._pending: dict[tuple[Kind, str], float] = {}
         self._next_flush = 0.0
         path = os.path.join(root, "index.sqlite3")
-        _own_files(path)
+        own_files(path)
         try:
-            self._conn = _connect(path)
+            self._conn = connect(path)
         except sqlite3.OperationalError as exc:
-            if _busy(exc):
+            if busy(exc):
                 raise IndexBusy from exc
-            if getattr(exc, "sqlite_errorcode", None) not in _READONLY_CODES:
+            if getattr(exc, "sqlite_errorcode", None) not in READONLY_CODES:
                 raise
             # A read-only mount: reads and verify still work, writes raise.
-            self._conn = _connect_read_only(path)
+            self._conn = connect_read_only(path)
             self.read_only = True
         self.path = path
         try:
-            self._identity = _identity(path)
-            self._reader = self._conn if self.read_only else _connect(path, schema=False)
+            self._identity = identity(path)
+            self._reader = self._conn if self.read_only else connect(path, schema=False)
         except BaseException:
             self._conn.close()
             raise
@@ -261,7 +109,7 @@ class Index:
     def is_current(self) -> bool:
         """Whether ``index.sqlite3`` is still the file this index opened (not removed, replaced)."""
         try:
-            return _identity(self.path) == self._identity
+            return identity(self.path) == self._identity
         except FileNotFoundError:
             return False
 
@@ -289,7 +137,7 @@ class Index:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
-                if _busy(exc):
+                if busy(exc):
                     raise IndexBusy from exc
                 raise
             try:
@@ -297,6 +145,7 @@ class Index:
                 tx = Transaction(self._conn)
                 self._flush_uses(tx)
                 yield tx
+                tx.finish()
                 self._check_current()
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -340,7 +189,10 @@ class Index:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
-                    self._flush_uses(Transaction(self._conn))
+                    tx = Transaction(self._conn)
+                    self._flush_uses(tx)
+                    tx.saw(now)
+                    tx.finish()
                     self._conn.execute("COMMIT")
                 except BaseException:
                     if self._conn.in_transaction:
@@ -353,39 +205,40 @@ class Index:
         finally:
             self._lock.release()
 
-    def _read(
-        self, sql: str, args: tuple[object, ...] = (), *, wait: bool = True
-    ) -> list[tuple[object, ...]]:
+    def _read(self, sql: str, args: Any = (), *, wait: bool = True) -> list[tuple[object, ...]]:
         if not self._read_lock.acquire(timeout=BUSY_MS / 1000 if wait else 0):
             raise IndexBusy
         try:
             return self._reader.execute(sql, args).fetchall()
         except sqlite3.OperationalError as exc:
-            if _busy(exc):
+            if busy(exc):
                 raise IndexBusy from exc
             raise
         finally:
             self._read_lock.release()
 
-    def lookup(self, kind: Kind, key: str, *, wait: bool = True) -> Row | None:
-        """The row of ``key``, expired or not; ``wait=False``: IndexBusy at once if in use."""
+    def lookup(self, kind: Kind, key: str, now: float = 0.0, *, wait: bool = True) -> Row | None:
+        """The row of ``key``, expired or not, with the attested time at ``now``.
+
+        ``wait=False`` (on the event loop thread): :class:`IndexBusy` at once if in use.
+        """
         rows = self._read(
-            "SELECT digest, size, expires_at, layout FROM entries WHERE kind = ? AND key = ?",
-            (kind, key),
+            LOOKUP,
+            {"kind": kind, "key": key, "now": now, "me": writer_id()},
             wait=wait,
         )
         if not rows:
             return None
-        digest, size, expires_at, layout = rows[0]
-        when = _number(expires_at)
+        digest, size, expires_at, layout, attested = rows[0]
+        when = number(expires_at)
         if (
-            not (isinstance(digest, str) and _HEX.fullmatch(digest))
+            not (isinstance(digest, str) and HEX.fullmatch(digest))
             or not (isinstance(size, int) and size >= 0)
             or when is None
             or not (layout is None or isinstance(layout, bytes))
         ):
             raise CorruptRowError("the index row of this entry is corrupt")
-        return Row(digest, size, when, layout)
+        return Row(digest, size, when, layout, number(attested) or now)
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""
@@ -393,7 +246,7 @@ class Index:
         entries = []
         for row in rows:
             with contextlib.suppress(CorruptRowError):  # a row naming no entry has no file
-                entries.append(_entry(*row))
+                entries.append(entry_of(*row))
         return entries
 
     def counts(self, now: float) -> dict[str, int]:
@@ -408,78 +261,6 @@ class Index:
         if self._reader is not self._conn:
             self._reader.close()
         self._conn.close()
-
-
-def _own_files(path: str) -> None:
-    """Make sure the index and its -wal/-shm are private regular files of ours, one link each.
-
-    The index is created here, 0600, before SQLite opens it: SQLite gives the -wal and -shm it
-    creates the database file's mode, and a database it creates itself gets 0644 (or 0666
-    under umask 0). A hard link (into another database) or another owner is refused; a mode
-    left open by an older build is narrowed.
-    """
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600))
-    for name in (path, path + "-wal", path + "-shm"):
-        try:
-            fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafeStoreError("store index is a symlink", name) from exc
-            raise
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                raise UnsafeStoreError("store index is not a regular file of ours", name)
-            if st.st_nlink != 1:
-                raise UnsafeStoreError("store index has other hard links", name)
-            if st.st_mode & 0o077:
-                os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
-
-
-def _connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
-    conn = sqlite3.connect(
-        path, timeout=BUSY_MS / 1000, isolation_level=None, check_same_thread=False
-    )
-    try:
-        # The data file and its directory are fsynced; FULL makes the row as durable.
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        if (
-            schema
-            and not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'counts'").fetchone()
-        ):
-            # One writer at a time creates the schema, so concurrent first opens agree.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _SCHEMA:
-                    conn.execute(statement)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _connect_read_only(path: str) -> sqlite3.Connection:
-    uri = "file:" + urllib.parse.quote(path) + "?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        conn.execute("SELECT 1 FROM entries LIMIT 1").fetchall()
-    except sqlite3.OperationalError:
-        # WAL needs its -shm file; on a read-only mount nobody can change the database.
-        conn = sqlite3.connect(
-            uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False
-        )
-    return conn
 
 
 class _Slot:

@@ -106,10 +106,10 @@ def _renew_if_intact(
 ) -> Put | None:
     try:
         with map_errors(INDEX_ERRORS):
-            existing = index.lookup(kind, key)
+            existing = index.lookup(kind, key, now)
     except CorruptRowError:
         return None  # the fresh write's upsert replaces the row
-    if existing is None or existing.expires_at <= now:
+    if existing is None or existing.expires_at <= max(now, existing.attested):
         return None
     if existing.digest != row.digest or existing.size != len(data):
         return None
@@ -191,10 +191,11 @@ def _read_checked(
     try:
         try:
             with map_errors(INDEX_ERRORS):
-                row = index.lookup(kind, key)
+                row = index.lookup(kind, key, now)
         except CorruptRowError:
             return f"{kind} entry's index row is corrupt"
-        if row is None or row.expires_at <= now:
+        # Expired by this clock, or by the time other clocks already witnessed (_clocks).
+        if row is None or row.expires_at <= max(now, row.attested):
             return None
         got = _read_trusted(root_fd, kind, key, row, secret)
         if isinstance(got, bytes):
@@ -243,12 +244,12 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
             return NOT_INLINE
         try:
             with map_errors(INDEX_ERRORS):
-                row = index.lookup(kind, key, wait=False)
+                row = index.lookup(kind, key, now, wait=False)
         except IndexBusy:
             return NOT_INLINE
         except CorruptRowError:
             return f"{kind} entry's index row is corrupt"
-        if row is None or row.expires_at <= now:
+        if row is None or row.expires_at <= max(now, row.attested):
             return None
         if row.size > INLINE_READ_BYTES:
             return NOT_INLINE

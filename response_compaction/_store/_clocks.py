@@ -1,0 +1,63 @@
+"""Time in a store shared by writers whose clocks disagree: the rules no single clock can abuse.
+
+Every process is a *writer* with a random id. Each write (and each batch of recorded uses)
+records the writer's clock in the ``clocks`` table (its highest value seen), and each entry
+row names the writer that last stored it. From these:
+
+* **Deleting by expiry** needs two clocks: a row is deleted only when it is expired by the
+  deleting writer's clock AND either that writer stored it itself, or the highest clock
+  recorded by some *other* writer has passed its expiry too. One writer ten years ahead can
+  delete its own entries, never another writer's live ones.
+* **The attested time** a writer uses is ``max(its clock, the highest clock it recorded
+  itself, the second-highest clock recorded by anyone)``. A clock going backwards is corrected
+  by what was already witnessed, so it neither revives an expired entry (reads say ``Missing``)
+  nor stores an expiry earlier than the honest one; one clock far ahead cannot move the
+  second-highest value. A stored expiry only ever moves later.
+* **Capacity eviction** (``max_entries``) follows a use counter, not a clock: each store or
+  recorded read takes the next number, and the lowest numbers go first.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sqlite3
+
+__all__ = ["ATTESTED_SQL", "DELETABLE_SQL", "MAX_CLOCKS", "record_clock", "writer_id"]
+
+#: Writers whose clocks are kept (the highest ones); older entries only ever lower nothing.
+MAX_CLOCKS = 64
+
+_writer: tuple[int, str] = (-1, "")
+
+
+def writer_id() -> str:
+    """The writer id of this process (a new one after fork)."""
+    global _writer
+    if _writer[0] != os.getpid():
+        _writer = (os.getpid(), secrets.token_hex(8))
+    return _writer[1]
+
+
+#: The attested time for writer ``:me`` and clock ``:now`` (see the module docstring).
+ATTESTED_SQL = """max(:now,
+    coalesce((SELECT seen FROM clocks WHERE writer = :me), :now),
+    coalesce((SELECT seen FROM clocks ORDER BY seen DESC LIMIT 1 OFFSET 1), :now))"""
+
+#: Whether a row may be deleted by expiry by writer ``:me`` at attested time ``:now``.
+DELETABLE_SQL = """(expires_at <= :now AND (writer IS :me OR expires_at <=
+    (SELECT max(seen) FROM clocks WHERE writer != :me)))"""
+
+
+def record_clock(conn: sqlite3.Connection, me: str, now: float) -> None:
+    """Record ``now`` as seen by writer ``me`` (never lowering it); keep the highest few."""
+    conn.execute(
+        "INSERT INTO clocks VALUES (?, ?) ON CONFLICT (writer)"
+        " DO UPDATE SET seen = max(seen, excluded.seen)",
+        (me, now),
+    )
+    conn.execute(
+        "DELETE FROM clocks WHERE writer NOT IN"
+        " (SELECT writer FROM clocks ORDER BY seen DESC LIMIT ?)",
+        (MAX_CLOCKS,),
+    )

@@ -1,0 +1,217 @@
+"""The index's rows and its write statements (valid only inside ``Index.transaction``)."""
+
+from __future__ import annotations
+
+import math
+import re
+import sqlite3
+from typing import NamedTuple
+
+from ._clocks import ATTESTED_SQL, DELETABLE_SQL, record_clock, writer_id
+from ._paths import Kind, valid_name
+
+__all__ = ["HEX", "LOOKUP", "CorruptRowError", "Entry", "Row", "Transaction", "entry_of", "number"]
+
+HEX = re.compile(r"[0-9a-f]{64}")
+# Constant fragments from _clocks; every value is a bound parameter.
+_EXPIRED = f"SELECT kind, key FROM entries WHERE {DELETABLE_SQL} LIMIT :limit"  # noqa: S608
+_BEYOND_BOUND = (
+    "SELECT key FROM entries WHERE kind = :kind AND key != :keep"  # noqa: S608
+    f" AND NOT {DELETABLE_SQL} ORDER BY last_used DESC LIMIT -1 OFFSET :skip"
+)
+LOOKUP = (
+    f"SELECT digest, size, expires_at, layout, {ATTESTED_SQL} FROM entries"  # noqa: S608
+    " WHERE kind = :kind AND key = :key"
+)
+_ATTESTED = f"SELECT {ATTESTED_SQL}"
+
+
+class CorruptRowError(ValueError):
+    """An index row whose cells are not what this library writes (types, names, ranges)."""
+
+
+def number(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+class Row(NamedTuple):
+    """What a read needs to know about one entry."""
+
+    digest: str
+    size: int
+    expires_at: float
+    layout: bytes | None
+    #: The attested time (see ``_clocks``) when this row was read; 0 when not read back.
+    attested: float = 0.0
+
+
+class Entry(NamedTuple):
+    """One recorded entry, as ``verify`` walks them."""
+
+    kind: Kind
+    key: str
+    digest: str
+    size: int
+    expires_at: float
+    corrupt: bool = False
+
+
+def entry_of(kind: object, key: object, digest: object, size: object, expires: object) -> Entry:
+    """An :class:`Entry`, or a corrupt one (for verify to report) when a cell is wrong."""
+    if not (isinstance(kind, str) and isinstance(key, str) and valid_name(kind, key)):
+        raise CorruptRowError("index row names no entry")
+    when = number(expires)
+    if not (isinstance(digest, str) and HEX.fullmatch(digest)) or when is None:
+        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
+    if not (isinstance(size, int) and size >= 0):
+        return Entry(kind, key, "", 0, 0.0, corrupt=True)  # type: ignore[arg-type]
+    return Entry(kind, key, digest, size, when)  # type: ignore[arg-type]
+
+
+class Transaction:
+    """The write statements, valid only inside :meth:`Index.transaction`."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self.me = writer_id()
+        self._uses: float | None = None
+
+    def next_use(self) -> float:
+        """The next number of the use counter that orders capacity eviction (not a clock)."""
+        if self._uses is None:
+            row = self._conn.execute("SELECT value FROM meta WHERE name = 'uses'").fetchone()
+            counted = None if row is None else number(row[0])
+            if counted is None:  # a fresh or older index: continue above every recorded use
+                (top,) = self._conn.execute("SELECT max(last_used) FROM entries").fetchone()
+                counted = number(top) or 0.0
+            self._uses = counted
+        self._uses += 1
+        return self._uses
+
+    def finish(self) -> None:
+        """Save the use counter (called just before COMMIT)."""
+        if self._uses is not None:
+            self._conn.execute(
+                "INSERT INTO meta VALUES ('uses', ?) ON CONFLICT (name)"
+                " DO UPDATE SET value = excluded.value",
+                (self._uses,),
+            )
+
+    def attested(self, now: float) -> float:
+        """``now`` corrected by the clocks already witnessed (see ``_clocks``)."""
+        (value,) = self._conn.execute(_ATTESTED, {"now": now, "me": self.me}).fetchone()
+        return number(value) or now
+
+    def saw(self, now: float) -> None:
+        """Record this writer's clock."""
+        record_clock(self._conn, self.me, now)
+
+    def is_live(self, kind: Kind, key: str, now: float) -> bool:
+        """Whether ``key`` has an unexpired row."""
+        row = self._conn.execute(
+            "SELECT expires_at FROM entries WHERE kind = ? AND key = ?", (kind, key)
+        ).fetchone()
+        when = None if row is None else number(row[0])
+        return when is not None and when > now
+
+    def upsert(self, kind: Kind, key: str, row: Row, now: float) -> None:
+        """Record ``key`` as just stored and used.
+
+        ``row.expires_at`` was computed from ``now``; a clock behind the attested time is
+        corrected, and an expiry already recorded is never moved earlier.
+        """
+        expires_at = row.expires_at + max(0.0, self.attested(now) - now)
+        # An upsert, not INSERT OR REPLACE: a replace deletes without firing triggers.
+        self._conn.execute(
+            "INSERT INTO entries (kind, key, digest, size, expires_at, last_used, layout, writer)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (kind, key)"
+            " DO UPDATE SET digest = excluded.digest, size = excluded.size,"
+            " expires_at = max(expires_at, excluded.expires_at),"
+            " last_used = excluded.last_used, layout = excluded.layout, writer = excluded.writer",
+            (kind, key, row.digest, row.size, expires_at, self.next_use(), row.layout, self.me),
+        )
+
+    def renew(self, kind: Kind, key: str, row: Row, now: float) -> bool:
+        """Store ``key`` again without rewriting it; False if no live row holds ``row``'s digest.
+
+        The row gets ``row``'s expiry (never earlier than recorded), a use, and this writer.
+        """
+        attested = self.attested(now)
+        cursor = self._conn.execute(
+            "UPDATE entries SET expires_at = max(expires_at, ?), last_used = ?, writer = ?"
+            " WHERE kind = ? AND key = ? AND digest = ? AND size = ? AND expires_at > ?",
+            (
+                row.expires_at + max(0.0, attested - now),
+                self.next_use(),
+                self.me,
+                kind,
+                key,
+                row.digest,
+                row.size,
+                attested,
+            ),
+        )
+        return cursor.rowcount == 1
+
+    def victims(
+        self,
+        kinds: tuple[Kind, ...],
+        now: float,
+        max_entries: int | None,
+        *,
+        keep: str = "",
+        expired_limit: int = -1,
+    ) -> list[tuple[Kind, str]]:
+        """The rows to evict: expired ones, then each kind's least recently used beyond the bound.
+
+        Expired means deletable by this writer at the attested time (``_clocks``: one skewed
+        clock cannot delete another writer's live rows). At most ``expired_limit`` expired
+        rows (-1: all). ``keep`` is never chosen, and counts as one of the ``max_entries``.
+        """
+        params = {"now": self.attested(now), "me": self.me}
+        found: list[tuple[Kind, str]] = [
+            (kind, key)
+            for kind, key in self._conn.execute(
+                _EXPIRED,
+                {**params, "limit": expired_limit},
+            )
+        ]
+        if max_entries is None:
+            return found
+        for kind in kinds:
+            counted = self._conn.execute("SELECT n FROM counts WHERE kind = ?", (kind,)).fetchone()
+            # The counter includes expired rows not yet deleted, so it only says when to look.
+            if counted is None or (isinstance(counted[0], int) and counted[0] <= max_entries):
+                continue
+            found.extend(
+                (kind, key)
+                for (key,) in self._conn.execute(
+                    _BEYOND_BOUND,
+                    {
+                        **params,
+                        "kind": kind,
+                        "keep": keep,
+                        "skip": max_entries - 1 if keep else max_entries,
+                    },
+                )
+            )
+        return found
+
+    def touch(self, kind: Kind, key: str, when: float) -> None:
+        """Record a use of ``key`` (read at ``when``, which only feeds the witnessed clock)."""
+        self._conn.execute(
+            "UPDATE entries SET last_used = ? WHERE kind = ? AND key = ?",
+            (self.next_use(), kind, key),
+        )
+
+    def delete(self, kind: Kind, key: str) -> None:
+        """Drop one row."""
+        self._conn.execute("DELETE FROM entries WHERE kind = ? AND key = ?", (kind, key))
+
+    def keys(self, kind: Kind) -> set[str]:
+        """Every recorded key of ``kind``, expired or not."""
+        return {
+            key for (key,) in self._conn.execute("SELECT key FROM entries WHERE kind = ?", (kind,))
+        }

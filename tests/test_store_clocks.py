@@ -1,0 +1,106 @@
+"""Writers with skewed clocks share one store: no single clock destroys or revives others' data.
+
+Each writer is a process (the clock rules tell writers apart by process); children run with a
+clock stopped at a given time (``tests._store_child clocked``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+import response_compaction as rc
+from tests._store_child import tagged
+from tests._store_support import compact, hex_of, index_rows, ref_of
+from tests.conftest import FakeClock
+from tests.schemas import Exact
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = 1_900_000_000.0
+DAY = 86_400
+TEN_YEARS = 10 * 365 * DAY
+
+
+async def _writer(ws: Path, backend: str, now: float, ttl: int, *steps: str) -> list[str]:
+    command = [sys.executable, "-m", "tests._store_child", "clocked", str(ws), backend]
+    result = await anyio.run_process([*command, str(now), str(ttl), *steps], cwd=REPO, check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    outcome: list[str] = json.loads(result.stdout)
+    return outcome
+
+
+def _harness(ws: Path, clock: FakeClock) -> rc.Harness:
+    return rc.Harness(fs=rc.LocalWorkspace(ws, clock=clock), llm=None)
+
+
+async def _read(harness: rc.Harness, tag: str) -> rc.Found[Exact] | rc.Missing | rc.Broken:
+    return await rc.response_compaction_read_exact(harness, ref_of(tagged(tag)), Exact)
+
+
+async def test_a_writer_ten_years_ahead_deletes_no_live_entry_of_others(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """A clock 10 years ahead stores and prunes; others' 1-day entries stay and read Found."""
+    ws = tmp_path / "ws"
+    harness = _harness(ws, FakeClock(T0))
+    for tag in ("a", "b"):
+        await compact(harness, tagged(tag), ttl_seconds=DAY)
+    skewed = await _writer(ws, anyio_backend, T0 + TEN_YEARS, DAY, "put:c", "prune", "read:a")
+    assert skewed[0] == "stored"
+    assert skewed[2] == "Missing"  # by its own clock, a is long expired: it may say so
+    assert {hex_of(tagged(t)) for t in "ab"} <= index_rows(ws / "response-compaction-v1")
+    for tag in ("a", "b"):
+        assert await _read(harness, tag) == rc.Found(value=tagged(tag))
+
+
+async def test_honest_expiry_is_deleted_once_a_second_clock_witnesses_it(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """Expired by one other writer's clock it reads Missing; a second witness lets it go."""
+    ws = tmp_path / "ws"
+    root = ws / "response-compaction-v1"
+    assert await _writer(ws, anyio_backend, T0, 60, "put:a") == ["stored"]
+    harness = _harness(ws, FakeClock(T0 + 120))
+    await compact(harness, tagged("b"))
+    assert await _read(harness, "a") == rc.Missing()
+    assert hex_of(tagged("a")) in index_rows(root)  # one clock alone did not delete it
+    await _writer(ws, anyio_backend, T0 + 130, 60, "prune")
+    assert hex_of(tagged("a")) not in index_rows(root)
+    assert await _read(harness, "b") == rc.Found(value=tagged("b"))
+
+
+async def test_a_clock_going_backwards_revives_no_expired_entry(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """Once readers witnessed a later time, a clock that went back still reads Missing."""
+    ws = tmp_path / "ws"
+    assert await _writer(ws, anyio_backend, T0, 60, "put:a") == ["stored"]
+    assert await _writer(ws, anyio_backend, T0, DAY, "put:b") == ["stored"]
+    clock = FakeClock(T0 + 120)
+    harness = _harness(ws, clock)
+    assert await _read(harness, "b") == rc.Found(value=tagged("b"))  # records T0 + 120
+    assert await _writer(ws, anyio_backend, T0 + 125, DAY, "read:b") == ["Found"]
+    # No write has deleted a yet: only the witnessed clocks keep it expired.
+    assert await _writer(ws, anyio_backend, T0, 60, "read:a") == ["Missing"]
+    clock.now = T0  # this very process's clock jumps back
+    assert await _read(harness, "a") == rc.Missing()
+
+
+async def test_capacity_eviction_follows_use_order_not_a_clock_going_backwards(
+    tmp_path: Path,
+) -> None:
+    """With the clock stepping back before each write, the least recently stored entry goes."""
+    clock = FakeClock(T0)
+    harness = _harness(tmp_path / "ws", clock)
+    for tag in ("a", "b", "c"):
+        await compact(harness, tagged(tag), max_entries=2)
+        clock.advance(-1000)
+    assert await _read(harness, "a") == rc.Missing()
+    assert await _read(harness, "b") == rc.Found(value=tagged("b"))
+    assert await _read(harness, "c") == rc.Found(value=tagged("c"))
