@@ -18,19 +18,20 @@ import os
 from typing import Any, NamedTuple
 
 from .._canonical import decode_exact
-from .._errors import map_errors
+from .._errors import UnsafeStoreError, map_errors
 from . import _index
 from ._commit import publish, renew
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import (
     FILE_FLAGS,
+    KINDS,
     Kind,
     NotRegularFileError,
     open_dir,
-    open_fanout_at,
-    open_root,
+    prepare_root,
     regular_opener,
     unlink_quietly,
+    valid_name,
 )
 from ._verify import check_digest, check_trusted
 
@@ -263,6 +264,38 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
     finally:
         _index.release(index, close_idle=False)
     return got if got is None or isinstance(got, str) else (row, got)
+
+
+def open_root(root: str) -> int:
+    """The root's fd, the root and its subdirectories checked as :func:`prepare_root` does.
+
+    Run by every one-hop operation (a handful of syscalls), so a root prepared once per
+    process is still refused the moment one of its directories becomes a symlink or shared.
+    A root or subdirectory removed meanwhile is made again.
+    """
+    try:
+        root_fd = open_dir(root, create=False)
+        try:
+            for sub in ("tmp", *KINDS):
+                os.close(open_dir(sub, create=False, dir_fd=root_fd))
+        except BaseException:
+            os.close(root_fd)
+            raise
+    except FileNotFoundError:
+        prepare_root(os.path.dirname(root))
+        root_fd = open_dir(root, create=False)
+    return root_fd
+
+
+def open_fanout_at(root_fd: int, kind: Kind, key: str) -> int:
+    """Like :func:`open_fanout`, below an already opened and checked root."""
+    if not valid_name(kind, key):
+        raise UnsafeStoreError("not an entry name", kind)
+    kind_fd = open_dir(kind, create=False, dir_fd=root_fd)
+    try:
+        return open_dir(key[:2], create=False, dir_fd=kind_fd)
+    finally:
+        os.close(kind_fd)
 
 
 def _open_tmp(root: str) -> int:

@@ -32,8 +32,6 @@ __all__ = [
     "fsync_parent",
     "open_dir",
     "open_fanout",
-    "open_fanout_at",
-    "open_root",
     "opener",
     "prepare_root",
     "regular_opener",
@@ -207,38 +205,6 @@ def _make_fanouts(root_fd: int, kind: Kind) -> None:
             made = True
         if made:
             os.fsync(kind_fd)
-    finally:
-        os.close(kind_fd)
-
-
-def open_root(root: str) -> int:
-    """The root's fd, the root and its subdirectories checked as :func:`prepare_root` does.
-
-    Run by every one-hop operation (a handful of syscalls), so a root prepared once per
-    process is still refused the moment one of its directories becomes a symlink or shared.
-    A root or subdirectory removed meanwhile is made again.
-    """
-    try:
-        root_fd = open_dir(root, create=False)
-        try:
-            for sub in ("tmp", *KINDS):
-                os.close(open_dir(sub, create=False, dir_fd=root_fd))
-        except BaseException:
-            os.close(root_fd)
-            raise
-    except FileNotFoundError:
-        prepare_root(os.path.dirname(root))
-        root_fd = open_dir(root, create=False)
-    return root_fd
-
-
-def open_fanout_at(root_fd: int, kind: Kind, key: str) -> int:
-    """Like :func:`open_fanout`, below an already opened and checked root."""
-    if not valid_name(kind, key):
-        raise UnsafeStoreError("not an entry name", kind)
-    kind_fd = open_dir(kind, create=False, dir_fd=root_fd)
-    try:
-        return open_dir(key[:2], create=False, dir_fd=kind_fd)
     finally:
         os.close(kind_fd)
 
