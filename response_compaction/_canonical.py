@@ -1,4 +1,4 @@
-"""Canonical JSON, digests and schema validation. Pure: no I/O, no event loop.
+"""Canonical JSON and schema validation. Pure: no I/O, no event loop.
 
 The canonical form is msgspec JSON with every object's keys sorted, no whitespace, UTF-8.
 It is *not* RFC 8785 (numbers are msgspec's shortest round-trip form, strings are escaped
@@ -13,26 +13,24 @@ piece and yield to their event loop in between, so a 90 MB value never freezes i
 from __future__ import annotations
 
 import functools
-import hashlib
-import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 
+from ._messages import content_free
+from ._refusals import duplicate_key_path, first_problem, keys_may_merge, merged_key_path
+
 __all__ = [
-    "DIGEST_PREFIX",
     "PIECE_BYTES",
     "Span",
     "canonical_bytes",
     "decode_exact",
-    "digest_of",
     "iter_canonical",
     "to_exact_value",
 ]
 
-DIGEST_PREFIX = "sha256:"
 #: Pieces aim at about this size: large enough to amortise per-call overhead, small enough
 #: that encoding one holds the GIL for a few milliseconds.
 PIECE_BYTES = 1 << 20
@@ -43,6 +41,10 @@ _HOLE = re.compile(rb"\x00(\d+)\x00")
 _NON_FINITE_MSGPACK = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]")
 _MSGPACK = msgspec.msgpack.Encoder()
 _FIRST_SLICE = 16
+_TOO_DEEP = (
+    "exact_response nests too deeply for canonical JSON (the bound is Python's recursion"
+    " limit, about 1000 levels by default)"
+)
 
 
 class Span(msgspec.Struct, frozen=True, array_like=True):
@@ -64,37 +66,66 @@ def to_exact_value(response: Any, schema: Any) -> Any:
 
     ``msgspec.Raw`` is decoded as JSON against the schema; an instance of a struct schema is
     taken as it is (it is validated later through its canonical bytes); anything else is
-    converted from builtins. Raises ``ValueError`` with msgspec's message when it does not fit.
+    converted from builtins. Raises ``ValueError`` saying where and how it does not fit, never
+    quoting a value or a key of the response (:func:`content_free`).
     """
     try:
-        if isinstance(response, msgspec.Raw):
-            return _decoder(schema).decode(response)
-        # Only a struct instance is taken as is: other "types" (typing.Any on 3.11 is one)
-        # may refuse isinstance, and convert() handles them all.
-        struct_schema = isinstance(schema, type) and issubclass(schema, msgspec.Struct)
-        if struct_schema and isinstance(response, schema):
-            return response
-        return msgspec.convert(response, schema)
+        value, plain = _convert(response, schema)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(f"exact_response does not validate against exact_schema: {exc}") from None
+        raise ValueError(
+            f"exact_response does not validate against exact_schema: {content_free(exc)}"
+        ) from None
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+    if plain is not None and keys_may_merge(schema):
+        # A schema with float, UUID, datetime... keys reads "1" and "1.0" as one key: the
+        # input had two members, the value would keep one.
+        path = merged_key_path(value, plain())
+        if path is not None:
+            raise ValueError(
+                "exact_response has two keys that exact_schema reads as one key in the object"
+                f" at `{path}`; decoding would keep only the last"
+            )
+    return value
+
+
+def _convert(response: Any, schema: Any) -> tuple[Any, Callable[[], Any] | None]:
+    """The value of ``schema``, and how to get the input as plain JSON to compare keys with."""
+    if isinstance(response, msgspec.Raw):
+        value = _decoder(schema).decode(response)
+        data = bytes(memoryview(response))
+        _refuse_duplicate_keys(data)
+        return value, functools.partial(msgspec.json.decode, data)
+    # Only a struct instance is taken as is: other "types" (typing.Any on 3.11 is one)
+    # may refuse isinstance, and convert() handles them all.
+    struct_schema = isinstance(schema, type) and issubclass(schema, msgspec.Struct)
+    if struct_schema and isinstance(response, schema):
+        return response, None
+    return msgspec.convert(response, schema), lambda: response
+
+
+def _refuse_duplicate_keys(data: bytes) -> None:
+    path = duplicate_key_path(data)
+    if path is not None:
+        raise ValueError(
+            f"exact_response is JSON text with an object that names one key twice at `{path}`;"
+            " decoding would keep only the last"
+        )
 
 
 def decode_exact(data: bytes | memoryview, schema: Any) -> Any:
-    """Decode canonical bytes against ``schema``; ``ValueError`` with msgspec's message if not."""
+    """Decode canonical bytes against ``schema``; a content-free ``ValueError`` if not."""
     try:
         return _decoder(schema).decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(str(exc)) from None
+        raise ValueError(content_free(exc)) from None
+    except RecursionError:
+        raise ValueError("the value nests too deeply to decode here") from None
 
 
 @functools.lru_cache(maxsize=256)
 def _decoder(schema: Any) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(schema)
-
-
-def digest_of(data: bytes | memoryview) -> str:
-    """``"sha256:" + hex`` of ``data``."""
-    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
 
 
 def canonical_bytes(value: Any) -> bytes:
@@ -108,11 +139,36 @@ def iter_canonical(
     """Yield the canonical encoding of ``value`` in pieces of roughly ``piece_bytes``.
 
     The concatenation of the pieces equals ``msgspec.json.encode(value, order="sorted")``
-    exactly. Raises ``ValueError`` for NaN or infinity anywhere in the value. When ``layout``
+    exactly. Raises ``ValueError`` naming the path of the first NaN or infinity, lone surrogate
+    or pair of keys that would become one JSON key, and for nesting beyond the recursion
+    limit: each would store a value other than the one handed in. When ``layout``
     is a list, a :class:`Span` is appended for each array streamed in slices at the top level
     or as a field of a top-level struct, so a reader can decode it slice by slice.
     """
-    return _Stream(piece_bytes, layout).value(value, top=True)
+    return _guarded(value, _Stream(piece_bytes, layout).value(value, top=True))
+
+
+class _RefusedError(ValueError):
+    """A piece holds something canonical JSON refuses; ``problem`` says what, relative to it."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+def _guarded(value: Any, pieces: Iterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+    try:
+        yield from pieces
+    except _RefusedError as exc:
+        # Pieces are encoded apart, so a piece's path is relative: name it from the top.
+        problem = first_problem(value) or exc.problem
+        raise ValueError(
+            f"exact_response contains {problem}, which canonical JSON refuses"
+        ) from None
+    except RecursionError:
+        # Values nested about a thousand levels deep exceed msgspec's (and this module's)
+        # recursion: a clear ValueError, not a RecursionError from deep inside the encoder.
+        raise ValueError(_TOO_DEEP) from None
 
 
 class _Stream:
@@ -232,6 +288,9 @@ def _encode(value: Any) -> bytes:
         data = _ENCODER.encode(value)
     except TypeError:
         return _encode_non_str_keys(value)
+    except UnicodeEncodeError:
+        _refuse(value)  # names the path of the string that could not be encoded
+        raise  # a str-like object the walk cannot see into: still a ValueError
     if b"null" in data:
         _refuse_non_finite(value)
     return data
@@ -240,40 +299,30 @@ def _encode(value: Any) -> bytes:
 def _encode_non_str_keys(value: Any) -> bytes:
     # msgspec sorts only str keys. JSON keys are strings anyway, so an int- or float-keyed dict
     # (dict[int, X] is a fine schema) is written with its keys as the strings a decoder turns
-    # back into them, sorted like any other keys. Anything else unsupported raises TypeError
-    # here as it did above. Non-finite keys would become "nan"/"inf" strings: refuse them.
-    builtins = msgspec.to_builtins(value, str_keys=True, order="sorted")
-    _walk_for_non_finite(msgspec.to_builtins(value))
-    return _ENCODER.encode(builtins)
-
-
-def _raw_holds_no_float(obj: Any) -> None:
-    # A Raw field is JSON text already; JSON has no NaN or infinity, so there is nothing to walk.
-    if isinstance(obj, msgspec.Raw):
-        return
-    raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
+    # back into them, sorted like any other keys. Keys that would become the same string
+    # (1 and "1") or a non-finite float ("nan") would change the value: refused first.
+    _refuse(value)
+    try:
+        builtins = msgspec.to_builtins(value, str_keys=True, order="sorted")
+        return _ENCODER.encode(builtins)
+    except TypeError as exc:
+        raise ValueError(f"exact_response cannot be encoded as JSON: {exc}") from None
 
 
 def _refuse_non_finite(value: Any) -> None:
     # msgspec writes NaN and infinities as null. A null in the output is usually a real None;
     # a msgpack scan (floats stay floats there) tells the two apart cheaply, and only a
-    # suspicious scan pays for a walk of the value.
-    if _NON_FINITE_MSGPACK.search(_MSGPACK.encode(value)) is None:
-        return
-    _walk_for_non_finite(msgspec.to_builtins(value, enc_hook=_raw_holds_no_float))
+    # suspicious scan, or a value msgpack cannot hold (an integer beyond 64 bits), pays for a
+    # walk of the value.
+    try:
+        suspicious = _NON_FINITE_MSGPACK.search(_MSGPACK.encode(value)) is not None
+    except (OverflowError, TypeError, ValueError, msgspec.EncodeError):
+        suspicious = True
+    if suspicious:
+        _refuse(value)
 
 
-def _walk_for_non_finite(builtins: Any) -> None:
-    stack: list[Any] = [builtins]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                raise ValueError(
-                    "exact_response contains NaN or infinity, which canonical JSON refuses"
-                )
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+def _refuse(value: Any) -> None:
+    problem = first_problem(value)
+    if problem is not None:
+        raise _RefusedError(problem)

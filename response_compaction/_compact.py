@@ -12,7 +12,8 @@ from typing import Any, Literal, TypeVar, overload
 
 from msgspec import UNSET, UnsetType
 
-from ._canonical import DIGEST_PREFIX, Span, iter_canonical, to_exact_value
+from ._canonical import Span, iter_canonical, to_exact_value
+from ._digest import DIGEST_PREFIX
 from ._harness import HarnessLike
 from ._models import (
     Broken,

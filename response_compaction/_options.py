@@ -9,14 +9,15 @@ import msgspec
 
 from ._models import CompactionOptions
 
-__all__ = ["resolve_options"]
+__all__ = ["MAX_TTL_SECONDS", "resolve_options"]
 
 
 def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[Any]:
     """Validate ``options`` (a ``CompactionOptions`` or a mapping) against ``summary_schema``.
 
     Returns a ``CompactionOptions`` whose fallback is a validated value of the summary schema.
-    Raises ``ValueError`` naming the offending key.
+    Raises ``ValueError`` naming the offending key: also for integers beyond what the store
+    can hold (a TTL over 100 years) and for text that is not valid Unicode.
     """
     if isinstance(options, CompactionOptions):
         # msgspec does not validate on construction: check the fields as if they were decoded.
@@ -31,9 +32,39 @@ def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[A
             f"options must be CompactionOptions or a mapping, got {type(options).__name__}"
         )
     try:
-        return msgspec.convert(data, CompactionOptions[summary_schema])
+        resolved = msgspec.convert(data, CompactionOptions[summary_schema])
     except msgspec.ValidationError as exc:
         raise ValueError(f"invalid compaction options: {exc}") from None
+    _check_limits(resolved)
+    return resolved
+
+
+#: Upper bounds the store can represent: expiry times are floats (a TTL of 10**400 seconds
+#: overflowed after the value was written) and counts and sizes are SQLite 64-bit integers.
+MAX_TTL_SECONDS = 100 * 366 * 86400
+_INT64 = 2**63 - 1
+_UPPER = {
+    "ttl_seconds": MAX_TTL_SECONDS,
+    "max_entries": _INT64,
+    "summarize_above_bytes": _INT64,
+}
+
+
+def _check_limits(options: CompactionOptions[Any]) -> None:
+    # Checked here, before any work, so nothing is stored under options that fail later.
+    for key, upper in _UPPER.items():
+        if getattr(options, key) > upper:
+            raise ValueError(
+                f"invalid compaction options: Expected `int` <= {upper} - at `$.{key}`"
+            )
+    for key in ("instructions", "ladder"):
+        try:
+            getattr(options, key).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                "invalid compaction options: a string that is not valid Unicode"
+                f" (a lone surrogate) - at `$.{key}`"
+            ) from None
 
 
 def _builtins_of_fallback(fallback: object) -> Any:

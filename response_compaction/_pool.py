@@ -305,7 +305,7 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-async def verify(path: str, hex_digest: str, size: int, schema: Any) -> Any:
+async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
     """Have an idle worker verify the file at ``path``: what is wrong, None, or NOT_DONE."""
     import anyio.to_thread
 
@@ -319,6 +319,7 @@ async def verify(path: str, hex_digest: str, size: int, schema: Any) -> Any:
         "path": path,
         "digest": hex_digest,
         "size": size,
+        "key": key,
         "schema": msgspec.json.encode(description).decode(),
     }
     try:

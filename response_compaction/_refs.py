@@ -1,8 +1,9 @@
 """The exact reference format and the summary cache identity. Pure: no I/O.
 
 An exact reference is ``"rc1:" + 64 lowercase hex``: the version tag of this format and the
-sha256 of the canonical bytes. It names content, never a place, so nothing a caller puts in
-it can steer a read outside the store; the store derives every path from the hex alone.
+store's keyed digest (HMAC-SHA256, see ``_digest``) of the canonical bytes. It names content,
+never a place, so nothing a caller puts in it can steer a read outside the store; the store
+derives every path from the hex alone, and a read checks the bytes against it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from ._canonical import DIGEST_PREFIX
+from ._digest import DIGEST_PREFIX
 
 __all__ = [
     "MalformedRefError",
@@ -33,7 +34,7 @@ PROMPT_VERSION = 1
 
 
 class ParsedRef(msgspec.Struct, frozen=True):
-    """A well-formed reference: the hex sha256 of the canonical bytes."""
+    """A well-formed reference: the hex keyed digest of the canonical bytes."""
 
     hex: str
 
@@ -47,7 +48,7 @@ def hex_of_digest(digest: str) -> str:
     """The 64 hex characters of a ``"sha256:..."`` digest."""
     hex_part = digest.removeprefix(DIGEST_PREFIX)
     if not digest.startswith(DIGEST_PREFIX) or _HEX.fullmatch(hex_part) is None:
-        raise ValueError(f"not a sha256 digest: {digest!r}")
+        raise ValueError(f"not a {DIGEST_PREFIX[:-1]} digest: {digest!r}")
     return hex_part
 
 

@@ -136,7 +136,7 @@ async def decode_sliced(
                 collected.extend(decoder.decode(b"".join((b"[", view[a:b], b"]"))))
                 await checkpoint()
             items[cut.attr] = collected
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         # Either the data is invalid (the whole decode says so, with msgspec's message) or
         # the hint was wrong (the whole decode is right).
         return decode_exact(data, schema)

@@ -21,7 +21,7 @@ import msgspec
 import sniffio
 from msgspec import UNSET, UnsetType
 
-from ._canonical import canonical_bytes, digest_of
+from ._canonical import canonical_bytes
 from ._errors import StoreError
 from ._models import Attempt, AttemptOutcome, CompactionOptions, FallbackReason, Found
 from ._refs import summary_key
@@ -244,7 +244,7 @@ async def summarize(
         if isinstance(cached, Found):
             data = canonical_bytes(cached.value)
             outcome = SummaryOutcome(
-                value=cached.value, cache="hit", digest=digest_of(data), size=len(data)
+                value=cached.value, cache="hit", digest=store.digest_of(data), size=len(data)
             )
         else:
             request = build_request(
@@ -288,8 +288,8 @@ async def _keep(
     except (StoreError, ValueError):
         # The summary is valid and the exact value is safe; only the cache missed out.
         return SummaryOutcome(
-            value=result.value, cache="none", digest=digest_of(data), size=len(data), **common
+            value=result.value, cache="none", digest=store.digest_of(data), size=len(data), **common
         )
     return SummaryOutcome(
-        value=result.value, cache="stored", digest=digest_of(data), size=len(data), **common
+        value=result.value, cache="stored", digest=store.digest_of(data), size=len(data), **common
     )

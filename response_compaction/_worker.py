@@ -36,7 +36,9 @@ def _serve() -> None:
             send(replies, {"error": f"cannot load the schema: {type(exc).__name__}"})
             continue
         try:
-            problem = verify_path(request["path"], request["digest"], request["size"], schema)
+            problem = verify_path(
+                request["path"], request["digest"], request["size"], schema, request["key"]
+            )
         except OSError as exc:
             send(replies, {"error": f"cannot read the file: {exc.strerror or 'OSError'}"})
             continue

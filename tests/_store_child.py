@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import random
@@ -45,7 +46,7 @@ import msgspec
 
 import response_compaction as rc
 from response_compaction._store import open_store
-from tests._store_support import FaultyBackend
+from tests._store_support import TEST_KEY, FaultyBackend, seed_key
 from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
 SHARED_POOL = 6
@@ -200,6 +201,7 @@ _WS: list[str] = []
 
 async def _commitfull(ws: str) -> None:
     _WS.append(ws)
+    seed_key(ws)
     first, second = share_value(9, 1), share_value(9, 2)
     await _compact(_harness(ws), first)
     full = rc.Harness(
@@ -224,7 +226,9 @@ async def _commitfull(ws: str) -> None:
 
 
 def _hex(value: Exact) -> str:
-    return hashlib.sha256(msgspec.json.encode(value, order="sorted")).hexdigest()
+    return hmac.new(
+        TEST_KEY, msgspec.json.encode(value, order="sorted"), hashlib.sha256
+    ).hexdigest()
 
 
 def main(argv: list[str]) -> None:

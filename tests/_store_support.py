@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -47,9 +48,22 @@ def canonical(value: Any) -> bytes:
     return msgspec.json.encode(value, order="sorted")
 
 
+#: The key :func:`seed_key` gives a store, so tests can name entries before they exist.
+TEST_KEY = bytes(range(32))
+
+
+def seed_key(base: Path | str, key: bytes = TEST_KEY) -> None:
+    """Give the store below workspace ``base`` a known key, as its first use would (0600)."""
+    root = Path(base) / ROOT_NAME
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(root / "key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(key)
+
+
 def hex_of(value: Any) -> str:
-    """The sha256 hex of ``value``'s canonical bytes (what its entry is named)."""
-    return hashlib.sha256(canonical(value)).hexdigest()
+    """The keyed digest hex of ``value``'s canonical bytes under :data:`TEST_KEY` (its name)."""
+    return hmac.new(TEST_KEY, canonical(value), hashlib.sha256).hexdigest()
 
 
 def ref_of(value: Any) -> str:

@@ -35,6 +35,10 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def workspace(tmp_path: Path, clock: FakeClock) -> rc.LocalWorkspace:
+    # A known store key, so tests can name entries (tests._store_support.hex_of) in advance.
+    from tests._store_support import seed_key
+
+    seed_key(tmp_path / "ws")
     return rc.LocalWorkspace(tmp_path / "ws", clock=clock)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import response_compaction as rc
 from response_compaction._canonical import canonical_bytes, iter_canonical, to_exact_value
 from tests._store_support import (
     HYPOTHESIS,
+    TEST_KEY,
     canonical,
     compact,
     entry_files,
@@ -103,15 +105,17 @@ def test_golden_vectors(value: Any, expected: bytes, sha: str, piece_bytes: int)
 
 
 async def test_golden_vector_through_the_store(harness: rc.Harness) -> None:
-    """The stored file holds exactly the golden bytes and the receipt names their sha256."""
+    """The stored file holds exactly the golden bytes; the receipt names their keyed digest."""
     _, value, expected, sha = GOLDEN[4]
+    keyed = hmac.new(TEST_KEY, expected, hashlib.sha256).hexdigest()
     compacted = await compact(harness, value)
     receipt = compacted.receipt
-    assert receipt.exact_digest == "sha256:" + sha
-    assert receipt.exact_ref == "rc1:" + sha
+    assert receipt.exact_digest == "sha256:" + keyed
+    assert receipt.exact_ref == "rc1:" + keyed
+    assert sha not in receipt.exact_digest + receipt.exact_ref
     assert receipt.exact_bytes == len(expected)
     root = store_root(harness.fs)
-    assert entry_path(root, sha).read_bytes() == expected
+    assert entry_path(root, keyed).read_bytes() == expected
 
 
 # ----------------------------------------------------------------------------- chunked encoding
@@ -336,9 +340,10 @@ async def test_non_str_keys_round_trip(harness: rc.Harness) -> None:
     value = Keyed(by_id={10: "ten", 9: "nine", -1: "minus"}, weights={1.5: 1, 0.25: 2})
     expected = b'{"by_id":{"-1":"minus","10":"ten","9":"nine"},"weights":{"0.25":2,"1.5":1}}'
     compacted = await rc.response_compact(harness, value, Keyed, Summary, options())
-    assert compacted.receipt.exact_digest == "sha256:" + hashlib.sha256(expected).hexdigest()
+    keyed = hmac.new(TEST_KEY, expected, hashlib.sha256).hexdigest()
+    assert compacted.receipt.exact_digest == "sha256:" + keyed
     root = store_root(harness.fs)
-    assert entry_path(root, hashlib.sha256(expected).hexdigest()).read_bytes() == expected
+    assert entry_path(root, keyed).read_bytes() == expected
     read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Keyed)
     assert read == rc.Found(value=value)
 

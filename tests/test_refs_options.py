@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import response_compaction as rc
-from response_compaction._options import resolve_options
+from response_compaction._options import MAX_TTL_SECONDS, resolve_options
 from response_compaction._refs import (
     MalformedRefError,
     ParsedRef,
@@ -35,7 +35,7 @@ _hex64 = st.text(alphabet=HEX, min_size=64, max_size=64)
 
 
 def test_reference_of_a_digest() -> None:
-    """A sha256 digest becomes "rc1:" + its hex, and parses back to that hex."""
+    """A keyed digest becomes "rc1:" + its hex, and parses back to that hex."""
     digest = "sha256:" + "ab" * 32
     ref = exact_ref_for(digest)
     assert ref == "rc1:" + "ab" * 32
@@ -49,7 +49,7 @@ def test_reference_of_a_digest() -> None:
         "sha256:" + "AB" * 32,
         "sha256:" + "ab" * 31,
         "sha256:" + "ab" * 33,
-        "sha1:" + "ab" * 32,
+        "md5:" + "ab" * 32,
         "sha256:" + "ab" * 31 + "g0",
         "sha256:" + "ab" * 32 + "\n",
     ],
@@ -302,3 +302,44 @@ async def test_bad_options_fail_before_any_work(tmp_path: pathlib.Path) -> None:
             harness, value, Exact, Summary, {"fallback": FALLBACK, "ladder": "x", "max_entries": 0}
         )
     assert snapshot(tmp_path) == {}
+
+
+@pytest.mark.parametrize(
+    ("key", "bad"),
+    [
+        ("ttl_seconds", 10**400),
+        ("ttl_seconds", MAX_TTL_SECONDS + 1),
+        ("max_entries", 2**63),
+        ("summarize_above_bytes", 10**30),
+        ("instructions", "summarise \ud800 this"),
+        ("ladder", "\udfff"),
+    ],
+    ids=[
+        "ttl-10**400",
+        "ttl-over-100-years",
+        "max-entries-2**63",
+        "threshold-10**30",
+        "instructions-surrogate",
+        "ladder-surrogate",
+    ],
+)
+async def test_unrepresentable_options_fail_before_any_work(
+    tmp_path: pathlib.Path, key: str, bad: Any
+) -> None:
+    """Huge integers and lone surrogates raise ValueError naming the key before any work."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path / "ws"), llm=None)
+    big = Exact(rows=[Row(id=i, name="n" * 40) for i in range(2000)], total=0)
+    with pytest.raises(ValueError, match=key) as caught:
+        await rc.response_compact(
+            harness, big, Exact, Summary, {"fallback": FALLBACK, "ladder": "x", key: bad}
+        )
+    assert "\ud800" not in str(caught.value)
+    assert snapshot(tmp_path) == {}
+
+
+def test_longest_ttl_is_accepted() -> None:
+    """A TTL of exactly the documented maximum is accepted."""
+    options = resolve_options(
+        {"fallback": FALLBACK, "ladder": "x", "ttl_seconds": MAX_TTL_SECONDS}, Summary
+    )
+    assert options.ttl_seconds == MAX_TTL_SECONDS

@@ -133,7 +133,7 @@ async def test_a_tampered_layout_in_the_index_cannot_change_the_value(
     """The layout is a cutting hint over digest-checked bytes: forging it changes nothing."""
     value = big_exact(40_000)
     compacted = await rc.response_compact(harness, value, Exact, Summary, OPTIONS)
-    hex_digest = compacted.receipt.exact_digest.removeprefix("sha256:")
+    hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
     index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
     forged = encode_layout([Span("rows", 8, 40, ((9, 20), (21, 39)))])
     with sqlite3.connect(index) as conn:

@@ -412,7 +412,13 @@ def outside(tmp_path: Path) -> Path:
     return path
 
 
+def _unseeded(workspace: rc.LocalWorkspace) -> None:
+    # These tests build the root themselves: drop the one the fixture made for its known key.
+    shutil.rmtree(workspace.path)
+
+
 def _symlink_root(workspace: rc.LocalWorkspace, outside: Path) -> None:
+    _unseeded(workspace)
     Path(workspace.path).mkdir(mode=0o700)
     store_root(workspace).symlink_to(outside, target_is_directory=True)
 
@@ -509,6 +515,7 @@ async def test_symlinked_entry_is_not_followed(harness: rc.Harness, outside: Pat
 
 
 def _make_root_with_index_link(workspace: rc.LocalWorkspace, outside: Path) -> None:
+    _unseeded(workspace)
     root = store_root(workspace)
     root.mkdir(parents=True, mode=0o700)
     for sub in ("tmp", "exact", "summary"):
@@ -529,6 +536,7 @@ async def test_symlinked_index_is_refused(
 
 
 def _make_root_with_garbage_index(workspace: rc.LocalWorkspace) -> None:
+    _unseeded(workspace)
     root = store_root(workspace)
     root.mkdir(parents=True, mode=0o700)
     for sub in ("tmp", "exact", "summary"):
@@ -584,6 +592,7 @@ async def test_root_owned_by_another_user_is_refused(harness: rc.Harness, which:
 
 
 def _make_fresh_root(workspace: rc.LocalWorkspace, mode: int) -> None:
+    _unseeded(workspace)
     Path(workspace.path).mkdir(mode=0o700)
     store_root(workspace).mkdir()
     store_root(workspace).chmod(mode)

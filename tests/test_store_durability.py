@@ -14,7 +14,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction._store import _index
-from tests._store_support import FaultyBackend, compact, entry_path, hex_of, store_root
+from tests._store_support import FaultyBackend, compact, entry_path, store_root
 from tests.schemas import Exact, Row
 
 pytestmark = pytest.mark.anyio
@@ -58,9 +58,9 @@ async def test_every_directory_the_store_creates_is_made_durable_in_its_parent(
     recorder = FsyncRecorder()
     ws = tmp_path / "a" / "b" / "ws"
     workspace = rc.LocalWorkspace(ws, file_backend=FaultyBackend(in_thread=recorder))
-    await compact(rc.Harness(fs=workspace, llm=None), A)
+    compacted = await compact(rc.Harness(fs=workspace, llm=None), A)
     root = store_root(ws)
-    entry = entry_path(root, hex_of(A))
+    entry = entry_path(root, compacted.receipt.exact_ref.removeprefix("rc1:"))
     parents = [tmp_path, tmp_path / "a", tmp_path / "a" / "b", ws, root, root / "exact"]
     parents.append(entry.parent)  # the rename of the entry itself
     missing = [str(p.relative_to(tmp_path)) for p in parents if _identity(p) not in recorder.synced]

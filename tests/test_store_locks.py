@@ -21,7 +21,14 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 import response_compaction as rc
 from response_compaction import _store
-from tests._store_support import FaultyBackend, compact, ref_of, store_root, with_backend
+from tests._store_support import (
+    FaultyBackend,
+    compact,
+    ref_of,
+    seed_key,
+    store_root,
+    with_backend,
+)
 from tests.schemas import Exact, Row
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -40,6 +47,7 @@ async def test_read_returns_found_while_another_process_holds_the_write_lock(
 ) -> None:
     """A held write lock: reads return Found within the caller's deadline, a write obeys it."""
     ws = tmp_path / "ws"
+    seed_key(ws)
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
     await compact(harness, A)
     command = _child("hold", ws, anyio_backend)
@@ -67,6 +75,7 @@ async def test_read_returns_found_while_another_process_holds_the_write_lock(
 async def test_reads_and_verify_work_on_a_full_disk(tmp_path: Path, anyio_backend: str) -> None:
     """With no byte writable (RLIMIT_FSIZE 0), intact entries still read Found and verify."""
     ws = tmp_path / "ws"
+    seed_key(ws)
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
     await compact(harness, A)
     await compact(harness, B)
@@ -89,6 +98,7 @@ async def test_reads_and_verify_work_on_a_read_only_mount(
 ) -> None:
     """Through a read-only bind mount, intact entries read Found and verify reports them."""
     ws = tmp_path / "ws"
+    seed_key(ws)
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
     await compact(harness, A)
     _store._index.close_all()
@@ -139,6 +149,7 @@ async def test_a_receipt_after_the_index_was_swapped_is_honoured_by_other_proces
 ) -> None:
     """Index removed or replaced under a running process: its next receipt reads in another."""
     ws = tmp_path / "ws"
+    seed_key(ws)
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
     await compact(harness, A)  # this process now holds the index open
     swap(store_root(ws))  # type: ignore[operator]
@@ -153,6 +164,7 @@ async def test_a_receipt_after_the_index_was_swapped_is_honoured_by_other_proces
 async def test_an_index_swapped_inside_an_operation_fails_loudly(tmp_path: Path) -> None:
     """Swapped between open and commit: a StoreError saying so, never a receipt."""
     ws = tmp_path / "ws"
+    seed_key(ws)
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
     await compact(harness, A)
 

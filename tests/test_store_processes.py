@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import json
 import os
 import sys
@@ -19,12 +20,14 @@ import response_compaction as rc
 from response_compaction import _store
 from tests._store_child import loop_value, share_value
 from tests._store_support import (
+    TEST_KEY,
     compact,
     entry_files,
     entry_path,
     hex_of,
     index_rows,
     ref_of,
+    seed_key,
     store_root,
     temp_files,
 )
@@ -46,12 +49,14 @@ def _child(mode: str, ws: Path, backend: str, *args: object) -> list[str]:
 def _orphans_are_whole(root: Path) -> None:
     # A file with no row (killed between rename and commit) must still be a complete entry.
     for name in entry_files(root) - index_rows(root):
-        assert hashlib.sha256(entry_path(root, name).read_bytes()).hexdigest() == name
+        digest = hmac.new(TEST_KEY, entry_path(root, name).read_bytes(), hashlib.sha256)
+        assert digest.hexdigest() == name
 
 
 async def test_file_size_limit_fails_cleanly(tmp_path: Path, anyio_backend: str) -> None:
     """Under RLIMIT_FSIZE a child's compaction raises OSError(EFBIG); nothing half-written shows."""
     ws = tmp_path / "ws"
+    seed_key(ws)
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
     old = [Exact(rows=[Row(id=i, name=f"old{i}")], total=i) for i in range(3)]
     for value in old:
@@ -96,6 +101,7 @@ async def test_sigkill_mid_write_loses_nothing_completed(
 ) -> None:
     """A writer SIGKILLed at varying points: every reference it printed reads Found afterwards."""
     ws = tmp_path / "ws"
+    seed_key(ws)
     printed: list[tuple[str, int]] = []
     for round_ in range(KILL_ROUNDS):
         tag = f"r{round_}"
@@ -136,6 +142,7 @@ async def test_sigkill_mid_write_loses_nothing_completed(
 async def test_processes_sharing_a_small_store(tmp_path: Path, anyio_backend: str) -> None:
     """Processes writing and reading under eviction never read Broken; the store stays bounded."""
     ws = tmp_path / "ws"
+    seed_key(ws)
     reports: dict[int, dict[str, Any]] = {}
 
     async def worker(n: int) -> None:

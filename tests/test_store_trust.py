@@ -6,6 +6,7 @@ Each test plays the attacker against real files and the real index, then reads b
 from __future__ import annotations
 
 import hashlib
+import hmac
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import _store
-from tests._store_support import compact, entry_path, hex_of, ref_of, store_root
+from tests._store_support import TEST_KEY, compact, entry_path, hex_of, ref_of, store_root
 from tests.schemas import Exact, Row, Summary
 
 pytestmark = pytest.mark.anyio
@@ -37,7 +38,7 @@ def _rewrite(root: Path, kind: str, key: str, data: bytes) -> None:
     with sqlite3.connect(root / "index.sqlite3") as conn:
         conn.execute(
             "UPDATE entries SET digest = ?, size = ? WHERE kind = ? AND key = ?",
-            (hashlib.sha256(data).hexdigest(), len(data), kind, key),
+            (hmac.new(TEST_KEY, data, hashlib.sha256).hexdigest(), len(data), kind, key),
         )
 
 

@@ -44,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend = getattr(args, "backend", "asyncio")
     try:
         if args.command == "compact":
-            args.data = read_input(args.file)  # before the loop: reading stdin blocks
+            # Before the loop: reading stdin blocks.
+            args.data = read_input(args.file, args.max_input_bytes)
         return anyio.run(COMMANDS[args.command], args, backend=backend)
     except KeyboardInterrupt:
         return 130

@@ -33,6 +33,7 @@ __all__ = (
     "EXIT_MISSING",
     "EXIT_OK",
     "EXIT_USAGE",
+    "MAX_INPUT_BYTES",
     "DefaultSummary",
     "ModelConfig",
     "default_root",
@@ -43,6 +44,8 @@ __all__ = (
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISSING, EXIT_BROKEN = 0, 1, 2, 3, 4
 #: Inputs at least this large get a progress line on stderr (when stderr is a terminal).
 PROGRESS_BYTES = 4 << 20
+#: The largest document ``compact`` reads unless --max-input-bytes says otherwise.
+MAX_INPUT_BYTES = 1 << 30
 DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in msgspec.structs.fields(CompactionOptions) if f.required is False
 }
@@ -284,8 +287,14 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
 }
 
 
-def read_input(path: str) -> bytes:
+def read_input(path: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The document at ``path`` (``-``: stdin); ``ValueError`` past ``limit`` bytes."""
+    # Read one byte past the limit, never more: an endless stdin must not grow memory forever.
     if path == "-":
-        return sys.stdin.buffer.read()
-    with open(path, "rb") as file:
-        return file.read()
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"the document is larger than --max-input-bytes ({limit} bytes)")
+    return data

@@ -11,7 +11,7 @@ from typing import Any, NoReturn, TypeAlias
 import msgspec
 
 from .. import __version__
-from ._commands import DEFAULTS, EXIT_USAGE, DefaultSummary, default_root
+from ._commands import DEFAULTS, EXIT_USAGE, MAX_INPUT_BYTES, DefaultSummary, default_root
 
 __all__ = ("build_parser", "load_type")
 
@@ -162,6 +162,13 @@ def _add_compact(sub: _Sub, parents: list[_Parser]) -> None:
         f"(default: {DEFAULTS['summarize_above_bytes']})",
     )
     compact.add_argument("--instructions", metavar="TEXT", help="what the summary should focus on")
+    compact.add_argument(
+        "--max-input-bytes",
+        metavar="BYTES",
+        type=_positive,
+        default=MAX_INPUT_BYTES,
+        help="refuse a document larger than this, read no further (default: %(default)s)",
+    )
     compact.add_argument(
         "--ladder", metavar="NAME", default="default", help="ladder name (default: %(default)s)"
     )

@@ -5,7 +5,8 @@ Layout below ``workspace_temp_dir()``::
     response-compaction-v1/        0700, owned by us, never a symlink
         index.sqlite3              one row per entry: digest, size, expiry, last use
         tmp/                       temporary files, renamed into place when verified
-        exact/ab/abcdef...         canonical bytes, named by their sha256
+        key                        the store's secret digest key, 0600 (see _key)
+        exact/ab/abcdef...         canonical bytes, named by their keyed digest
         summary/cd/cdef01...       canonical summary bytes, named by their cache identity
 
 Entries are immutable files written by one algorithm (:meth:`Store.put`): a temporary file
@@ -20,14 +21,13 @@ summary, is not sealed to its key) is ``Broken``: the index is a hint, never tru
 
 Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (the connection
 registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
-safely), ``_clocks`` (expiry rules across skewed clocks), ``_secret`` (the sealing key),
-``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop file seam).
-This module puts them together; nothing below it imports it.
+safely), ``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store's digest and
+sealing key), ``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop
+file seam). This module puts them together; nothing below it imports it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import secrets
@@ -40,6 +40,7 @@ import anyio.lowlevel
 
 from .. import _pool
 from .._canonical import Span
+from .._digest import digest_hex, digest_of
 from .._errors import map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
@@ -47,9 +48,9 @@ from .._slices import decode_layout, encode_layout
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
 from ._index import Row
+from ._key import load_key, read_key
 from ._oneshot import NOT_INLINE, SMALL_BYTES, put_small, read_checked, read_inline
 from ._paths import KINDS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
-from ._secret import load_secret
 from ._stepwise import Stepwise, Stored
 from ._turns import cpu_turn, pace
 from ._verify import EntryReport, check_entry, decoded_value, seal
@@ -83,19 +84,31 @@ async def open_store(fs: Any) -> Store:
         clock = getattr(fs, "clock", None)  # the duck-typed workspace contract of earlier builds
     backend = file_backend or current_backend()
     base = os.fspath(fs.workspace_temp_dir())
-    prepared = _prepared.get((os.getpid(), base))
-    if prepared is None:
-        _pool.POOL.start()  # warm before the first large value needs it
-        with map_errors(f"cannot use the workspace {base!r} for the store"):
-            root = await backend.run(prepare_root, base)
-            secret = await backend.run(load_secret, root)
-        prepared = _prepared[(os.getpid(), base)] = (root, secret)
-    root, secret = prepared
-    return Store(root, clock or time.time, backend, secret, fast=file_backend is None)
+    with map_errors(f"cannot use the workspace {base!r} for the store"):
+        root, key = await _root_and_key(backend, base)
+    return Store(root, clock or time.time, backend, key, fast=file_backend is None)
 
 
-# Roots created and checked by this process, and their sealing keys, by workspace directory.
-_prepared: dict[tuple[int, str], tuple[str, bytes]] = {}
+async def _root_and_key(backend: FileBackend, base: str) -> tuple[str, bytes]:
+    known = _prepared.get((os.getpid(), base))
+    if known is not None:
+        key = read_key(known)  # a few syscalls on the loop: no hop
+        if key is not None:
+            return known, key
+    _pool.POOL.start()  # warm before the first large value needs it
+    prepared = await backend.run(_prepare, base)
+    _prepared[(os.getpid(), base)] = prepared[0]
+    return prepared
+
+
+def _prepare(base: str) -> tuple[str, bytes]:
+    root = prepare_root(base)
+    return root, load_key(root)
+
+
+# Roots created and checked by this process, by workspace directory. The key is read again
+# by every open (it may have been removed or replaced).
+_prepared: dict[tuple[int, str], str] = {}
 
 
 class Store(Stepwise):
@@ -107,10 +120,14 @@ class Store(Stepwise):
         self.root = root
         self.clock = clock
         self._backend = backend
-        self._secret = secret
+        self._key = secret
         # The one-hop paths of ``_oneshot`` bypass the backend's file calls: only for the
         # library's own backends, never for an injected one.
         self._fast = fast
+
+    def digest_of(self, data: bytes | memoryview) -> str:
+        """The keyed digest of ``data`` under this store's key, as receipts carry it."""
+        return digest_of(self._key, data)
 
     async def put(
         self,
@@ -160,11 +177,11 @@ class Store(Stepwise):
         want_value_up_to: int,
     ) -> Stored:
         """One hop: reuse a live intact entry, or write, verify and publish ``data``."""
-        hex_digest = hashlib.sha256(data).hexdigest()
+        hex_digest = digest_hex(self._key, data)
         key = key or hex_digest
         now = self.clock()
         row = Row(
-            seal(self._secret, kind, key, hex_digest),
+            seal(self._key, kind, key, hex_digest),
             len(data),
             now + ttl_seconds,
             encode_layout(layout) if layout else None,
@@ -173,7 +190,7 @@ class Store(Stepwise):
         with map_errors(f"could not retain the {kind} value"):
             done = await self._patiently(
                 put_small, self.root, temp_name, kind, key, data, hex_digest, row, schema, now,
-                max_entries,
+                self._key, max_entries,
             )  # fmt: skip
         value = done.value if row.size <= want_value_up_to else None
         return Stored(hex_digest=hex_digest, size=row.size, reused=done.reused, value=value)
@@ -185,9 +202,9 @@ class Store(Stepwise):
         await anyio.lowlevel.checkpoint_if_cancelled()
         now = self.clock()
         with map_errors(f"could not read the {kind} entry"):
-            got = read_inline(self.root, kind, key, now, self._secret)
+            got = read_inline(self.root, kind, key, now, self._key)
             if got is NOT_INLINE:
-                got = await self._patiently(read_checked, self.root, kind, key, now, self._secret)
+                got = await self._patiently(read_checked, self.root, kind, key, now, self._key)
             else:
                 await pace()
         if got is None:
@@ -229,7 +246,7 @@ class Store(Stepwise):
             entries = await self._patiently(index.entries)
         return [
             await self._backend.run(
-                check_entry, self.root, entry, entry.expires_at <= now, self._secret
+                check_entry, self.root, entry, entry.expires_at <= now, self._key
             )
             for entry in entries
         ]

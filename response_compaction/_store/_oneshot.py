@@ -74,9 +74,10 @@ def put_small(
     row: Row,
     schema: Any,
     now: float,
+    store_key: bytes,
     max_entries: int,
 ) -> Put:
-    """Store ``data`` (whose sha256 is ``hex_digest``) as ``key``, verified, in one call.
+    """Store ``data`` (whose keyed digest is ``hex_digest``) as ``key``, verified, in one call.
 
     An entry already live under ``key`` with the same digest, whose bytes on disk are intact and
     validate, is not rewritten: its TTL is renewed. Anything else (absent, expired, tampered,
@@ -89,8 +90,9 @@ def put_small(
         if renewed is not None:
             return renewed
         return _write_new(
-            index, temp_name, kind, key, data, hex_digest, row, schema, now, max_entries
-        )
+            index, temp_name, kind, key, data, (hex_digest, store_key), row, schema, now,
+            max_entries,
+        )  # fmt: skip
     finally:
         _index.release(index)
 
@@ -138,7 +140,7 @@ def _write_new(
     kind: Kind,
     key: str,
     data: bytes,
-    hex_digest: str,
+    digest: tuple[str, bytes],
     row: Row,
     schema: Any,
     now: float,
@@ -156,7 +158,7 @@ def _write_new(
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
         back = _read_regular(temp_name, tmp_fd)
-        check_digest(back, hex_digest, len(data))
+        check_digest(back, digest[0], len(data), digest[1])
         value = decode_exact(back, schema)
         with map_errors(f"could not publish the {kind} value in the store index"):
             reused = publish(index, temp_name, kind, key, row, now, max_entries)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import secrets
 import time
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 import anyio
 
 from .._canonical import Span
+from .._digest import new_hasher
 from .._errors import StoreError, map_errors
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
@@ -58,7 +58,7 @@ class Stepwise:
     root: str
     clock: Callable[[], float]
     _backend: FileBackend
-    _secret: bytes
+    _key: bytes
     _fast: bool
 
     async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
@@ -115,7 +115,7 @@ class Stepwise:
                 )
                 now = self.clock()
                 row = Row(
-                    seal(self._secret, kind, key or hex_digest, hex_digest),
+                    seal(self._key, kind, key or hex_digest, hex_digest),
                     size,
                     now + ttl_seconds,
                     encode_layout(layout) if layout else None,
@@ -154,7 +154,7 @@ class Stepwise:
         backend = self._backend
         file = await backend.open(temp_name, "xb", opener(tmp_fd, 0o600))
         try:
-            hasher = hashlib.sha256()
+            hasher = new_hasher(self._key)
             size = 0
             it = iter(pieces)
             while True:
@@ -181,6 +181,7 @@ class Stepwise:
             size,
             schema,
             tuple(layout or ()),
+            self._key,
             want_value=size <= size_for_value,
             use_worker=self._fast,
         )
@@ -205,7 +206,7 @@ class Stepwise:
                 return data
             try:
                 # The reference (or, for a summary, the sealed row) is the only digest trusted.
-                await self._backend.run(check_trusted, data, kind, key, row.digest, self._secret)
+                await self._backend.run(check_trusted, data, kind, key, row.digest, self._key)
                 value = await decoded_value(data, schema, decode_layout(row.layout))
             except ValueError as exc:
                 return Broken(detail=f"{kind} entry does not verify: {exc}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ import anyio.lowlevel
 
 from .. import _pool
 from .._canonical import Span, decode_exact
+from .._digest import digest_hex, matches
 from .._perf import paused_gc
 from .._slices import decode_sliced
 from ._fileio import FileBackend
@@ -51,36 +51,36 @@ class EntryReport:
     detail: str = ""
 
 
-def check_digest(data: bytes, hex_digest: str, size: int) -> None:
-    """Raise ``ValueError`` unless ``data`` is ``size`` bytes hashing to ``hex_digest``."""
-    # Says what failed, never facts (a size, a digest) about the bytes found on disk.
+def check_digest(data: bytes, hex_digest: str, size: int, key: bytes) -> None:
+    """Raise ``ValueError`` unless ``data`` is ``size`` bytes with keyed digest ``hex_digest``."""
+    # Says what failed, never facts (a size, a digest) about the bytes found on disk: they
+    # may be a foreign file's, and a digest would be an oracle for the store's key.
     if len(data) != size:
         raise ValueError("the bytes read back are not as long as those written")
-    if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), hex_digest):
-        raise ValueError("the bytes read back do not hash to those written")
+    if not matches(key, data, hex_digest):
+        raise ValueError("the bytes read back do not match their digest")
 
 
 def seal(secret: bytes, kind: Kind, key: str, content_hex: str) -> str:
     """What the index records as an entry's digest, and what a read trusts.
 
-    An exact entry is named by its sha256, so its key is the only digest a read trusts and
-    the row's copy is never consulted. A summary is named by its cache key, which says nothing
-    about its bytes; its row holds HMAC-SHA256 under the store's secret key of (kind, key,
-    sha256 of the bytes). Rewriting a summary and its row takes that key.
+    An exact entry is named by its keyed digest, so its key is the only digest a read trusts
+    and the row's copy is never consulted. A summary is named by its cache key, which says
+    nothing about its bytes; its row holds HMAC-SHA256 under the store's key of (kind, key,
+    keyed digest of the bytes). Rewriting a summary and its row takes that key.
     """
     if kind == "exact":
         return content_hex
     message = f"{kind}\0{key}\0{content_hex}".encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+    return hmac.new(secret, message, "sha256").hexdigest()
 
 
 def check_trusted(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
     """Raise ``ValueError`` unless ``data`` is what ``key`` names (exact) or was sealed to it."""
-    actual = hashlib.sha256(data).hexdigest()
     if kind == "exact":
-        if not hmac.compare_digest(actual, key):
+        if not matches(secret, data, key):
             raise ValueError("the bytes do not hash to the reference")
-    elif not hmac.compare_digest(seal(secret, kind, key, actual), recorded):
+    elif not hmac.compare_digest(seal(secret, kind, key, digest_hex(secret, data)), recorded):
         raise ValueError("the bytes are not those sealed to this key")
 
 
@@ -110,6 +110,7 @@ async def verify_file(
     size: int,
     schema: Any,
     spans: tuple[Span, ...],
+    key: bytes,
     *,
     want_value: bool,
     use_worker: bool,
@@ -120,18 +121,18 @@ async def verify_file(
     can travel there. Raises ``ValueError`` with what is wrong.
     """
     if use_worker and size >= WORKER_VERIFY_BYTES and not want_value:
-        problem = await _pool.verify(path, hex_digest, size, schema)
+        problem = await _pool.verify(path, hex_digest, size, schema, key)
         if problem is not _pool.NOT_DONE:
             if problem is not None:
                 raise ValueError(problem)
             return None
     data = await read_all(backend, path)
-    await backend.run(check_digest, data, hex_digest, size)
+    await backend.run(check_digest, data, hex_digest, size, key)
     value = await decoded_value(data, schema, spans)
     return value if want_value else None
 
 
-def verify_path(path: str, hex_digest: str, size: int, schema: Any) -> str | None:
+def verify_path(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> str | None:
     """In a worker process: read the file back and verify it; what is wrong, or None.
 
     ``OSError`` is left to the caller: "this worker could not do the job", not a verdict.
@@ -140,7 +141,7 @@ def verify_path(path: str, hex_digest: str, size: int, schema: Any) -> str | Non
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
     try:
-        check_digest(data, hex_digest, size)
+        check_digest(data, hex_digest, size, key)
         decode_exact(data, schema)
     except ValueError as exc:
         return str(exc)

@@ -1,0 +1,215 @@
+"""Why a value cannot be written as canonical JSON without changing it. Pure: no I/O.
+
+msgspec writes NaN and infinities as ``null``, and writes ``{1: "a", "1": "b"}`` as an object
+with the key ``"1"`` twice, which every decoder reads back as one key. Both would store a value
+other than the one handed in, so they are refused, as are strings JSON cannot carry (lone
+surrogates). :func:`first_problem` walks a value and names the first such place by its path,
+in msgspec's notation: ``$.field`` for a struct field, ``$[3]`` for an array item and
+``$[...]`` for the value of a mapping key or a set member, so a path never quotes a key or a
+value of the response. The walk is iterative (no recursion limit) and is only run when the
+fast encoder has already seen something suspicious.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
+
+__all__ = [
+    "duplicate_key_path",
+    "first_problem",
+    "keys_may_merge",
+    "merged_key_path",
+]
+
+_SCALARS = (bool, int, bytes, bytearray, memoryview, msgspec.Raw, type(None))
+
+
+def first_problem(value: Any) -> str | None:
+    """The first reason ``value`` cannot be canonical JSON, with its path; None if there is none.
+
+    Reasons: a NaN or infinite float (as a value or a key), a string or key that is not valid
+    Unicode (a lone surrogate), and two keys of one mapping that become the same JSON string.
+    """
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if not _is_unicode(item):
+                return f"a string that is not valid Unicode (a lone surrogate) at `{path}`"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"NaN or infinity at `{path}`"
+        elif isinstance(item, _SCALARS):
+            continue
+        elif isinstance(item, dict):
+            problem = _key_problem(item, path)
+            if problem is not None:
+                return problem
+            stack.extend((v, f"{path}[...]") for v in item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+        elif isinstance(item, set | frozenset):
+            stack.extend((v, f"{path}[...]") for v in item)
+        elif isinstance(item, msgspec.Struct):
+            names = zip(item.__struct_fields__, item.__struct_encode_fields__, strict=True)
+            stack.extend((getattr(item, name), f"{path}.{encoded}") for name, encoded in names)
+        else:
+            # Enums, dataclasses, datetimes...: look at them the way msgspec will encode them.
+            try:
+                builtins = msgspec.to_builtins(item, enc_hook=_raw_as_null)
+            except (TypeError, ValueError):
+                continue  # the encoder refuses these itself, with a type name
+            if builtins is not item:
+                stack.append((builtins, path))
+    return None
+
+
+def _key_problem(mapping: dict[Any, Any], path: str) -> str | None:
+    keys: list[Any] = list(mapping)
+    if not all(type(k) is str for k in keys):
+        for key in keys:
+            if isinstance(key, float) and not math.isfinite(key):
+                return f"NaN or infinity as a key of the object at `{path}`"
+        try:
+            # The same conversion the encoder applies to non-str keys.
+            keys = list(msgspec.to_builtins(dict.fromkeys(keys), str_keys=True))
+        except (TypeError, ValueError):
+            return f"a key JSON cannot express in the object at `{path}`"
+        if len(keys) != len(mapping):
+            return f"two keys that are the same JSON string in the object at `{path}`"
+    for key in keys:
+        if isinstance(key, str) and not _is_unicode(key):
+            return f"a key that is not valid Unicode (a lone surrogate) in the object at `{path}`"
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _raw_as_null(obj: Any) -> Any:
+    # A Raw is JSON text already: JSON has no NaN, so there is nothing inside to look at.
+    if isinstance(obj, msgspec.Raw):
+        return None
+    raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
+
+
+class _DuplicateKeyError(Exception):
+    """An object in JSON text names one key twice."""
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """An object's members in document order, duplicates kept."""
+
+
+def duplicate_key_path(data: bytes) -> str | None:
+    """The path of the first object in the JSON text ``data`` that names a key twice, or None.
+
+    msgspec, like most decoders, keeps the last of two equal keys, so a document with
+    ``{"a": 1, "a": 2}`` would be stored as something other than what was sent. ``data``
+    must already have decoded with msgspec (valid UTF-8 JSON): the stdlib scanner here sees
+    every member, and only when it finds a duplicate does a second pass locate it.
+    """
+    try:
+        json.loads(data, object_pairs_hook=_no_duplicates)
+    except _DuplicateKeyError:
+        pass
+    except ValueError:
+        # Text msgspec accepted and the stdlib scanner does not: say so rather than skip.
+        raise ValueError("exact_response is JSON text whose keys cannot be checked") from None
+    else:
+        return None
+    stack: list[tuple[Any, str]] = [(json.loads(data, object_pairs_hook=_Pairs), "$")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _Pairs):
+            if len({key for key, _ in item}) != len(item):
+                return path
+            stack.extend((member, f"{path}[...]") for _, member in item)
+        elif isinstance(item, list):
+            stack.extend((member, f"{path}[{i}]") for i, member in enumerate(item))
+    return "$"
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> None:
+    if len(pairs) > 1 and len({key for key, _ in pairs}) != len(pairs):
+        raise _DuplicateKeyError
+
+
+@functools.lru_cache(maxsize=256)
+def keys_may_merge(schema: Any) -> bool:
+    """Whether decoding JSON text against ``schema`` could turn two distinct keys into one.
+
+    A mapping whose key type is not ``str`` (or ``Any``) parses its keys: ``"1"`` and
+    ``"1.0"`` are both the float ``1.0``, two spellings of one UUID are one UUID. Only such
+    schemas pay for :func:`merged_key_path`.
+    """
+    try:
+        root = mi.type_info(schema)
+    except (TypeError, ValueError):
+        return True
+    seen: set[int] = set()
+    stack: list[Any] = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, mi.DictType) and not isinstance(node.key_type, mi.StrType | mi.AnyType):
+            return True
+        if isinstance(node, mi.Field):
+            stack.append(node.type)
+        elif isinstance(node, mi.Type):
+            for name in node.__struct_fields__:
+                child = getattr(node, name)
+                stack.extend(child if isinstance(child, tuple) else (child,))
+    return False
+
+
+def merged_key_path(typed: Any, untyped: Any) -> str | None:
+    """The path of the first mapping that has fewer keys in ``typed`` than in ``untyped``.
+
+    ``typed`` and ``untyped`` are one JSON text (free of duplicate keys) decoded against the
+    schema and as plain JSON. Both keep document order, so as long as no keys merged, the
+    members of a mapping pair up in order; a struct pairs with its encoded field names.
+    """
+    stack: list[tuple[Any, Any, str]] = [(typed, untyped, "$")]
+    while stack:
+        value, plain, path = stack.pop()
+        if isinstance(value, dict) and isinstance(plain, dict):
+            if len(value) != len(plain):
+                return path
+            stack.extend(
+                (v, p, f"{path}[...]") for v, p in zip(value.values(), plain.values(), strict=True)
+            )
+        elif isinstance(value, msgspec.Struct):
+            names = zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
+            if isinstance(plain, dict):
+                stack.extend(
+                    (getattr(value, name), plain[encoded], f"{path}.{encoded}")
+                    for name, encoded in names
+                    if encoded in plain
+                )
+            elif isinstance(plain, list):  # array_like: fields in order, after the tag if any
+                items = plain[1:] if value.__struct_config__.tag is not None else plain
+                stack.extend(
+                    (getattr(value, name), item, f"{path}.{encoded}")
+                    for (name, encoded), item in zip(names, items, strict=False)
+                )
+        elif isinstance(value, list | tuple) and isinstance(plain, list):
+            stack.extend(
+                (v, p, f"{path}[{i}]") for i, (v, p) in enumerate(zip(value, plain, strict=False))
+            )
+    return None

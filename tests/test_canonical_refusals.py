@@ -1,0 +1,275 @@
+"""Values canonical JSON would silently change are refused; unusual but exact ones are kept."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import response_compaction as rc
+from response_compaction._canonical import canonical_bytes, iter_canonical
+from tests._store_support import entry_files, index_rows, store_root, temp_files
+from tests.schemas import FALLBACK, Summary
+
+pytestmark = pytest.mark.anyio
+
+OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
+
+
+def _assert_nothing_stored(root: Path) -> None:
+    assert entry_files(root) == set()
+    assert temp_files(root) == []
+    assert index_rows(root) == set()
+
+
+async def _compact(harness: rc.Harness, value: Any, schema: Any) -> rc.Compacted[Any, Any]:
+    return await rc.response_compact(harness, value, schema, Summary, OPTIONS)
+
+
+class FloatPair(msgspec.Struct, frozen=True):
+    pair: tuple[float, float]
+
+
+# ----------------------------------------------------------------------------- finding 3
+
+_NON_FINITE_IN_TUPLES: list[tuple[str, Any, Any, str]] = [
+    ("tuple under Any", (1.0, math.nan), Any, "`$[1]`"),
+    ("tuple in a dict", {"a": (math.inf,)}, dict, "`$[...][0]`"),
+    ("tuple in a list", [[0.5], (-math.inf, 1.0)], list, "`$[1][0]`"),
+    ("set in a list", [{math.nan}], list, "`$[0][...]`"),
+    ("frozenset under Any", frozenset({math.inf}), Any, "`$[...]`"),
+    ("typed float tuple", (math.nan, 1.0), tuple[float, float], "`$[0]`"),
+    ("struct field tuple", FloatPair(pair=(1.0, math.inf)), FloatPair, "`$.pair[1]`"),
+    ("deep in tuples", ((((math.nan,),),),), Any, "`$[0][0][0][0]`"),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "schema", "path"),
+    [c[1:] for c in _NON_FINITE_IN_TUPLES],
+    ids=[c[0] for c in _NON_FINITE_IN_TUPLES],
+)
+async def test_non_finite_in_tuples_and_sets_is_refused(
+    harness: rc.Harness, value: Any, schema: Any, path: str
+) -> None:
+    """NaN or infinity inside a tuple or set raises ValueError naming its path; nothing stored."""
+    with pytest.raises(ValueError, match="NaN or infinity") as caught:
+        await _compact(harness, value, schema)
+    assert path in str(caught.value)
+    assert "null" not in str(caught.value)
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 1 << 20])
+def test_pure_encoder_refuses_non_finite_in_tuples(piece_bytes: int) -> None:
+    """The encoder refuses a NaN in a tuple whole and in pieces, never writing null."""
+    value = [(float(i), 0.5) for i in range(40)] + [(1.0, math.nan)]
+    with pytest.raises(ValueError, match=r"NaN or infinity at `\$\[40\]\[1\]`"):
+        b"".join(iter_canonical(value, piece_bytes))
+
+
+# ----------------------------------------------------------------------------- finding 4
+
+_COLLIDING: list[tuple[str, Any, Any, str]] = [
+    ("int and str", {1: "a", "1": "b"}, Any, "`$`"),
+    ("float and str", {1.5: "a", "1.5": "b"}, dict, "`$`"),
+    ("nested in a list", [{"x": 1}, {2: "a", "2": "b"}], list, "`$[1]`"),
+    ("nested in a dict", {"outer": {0: 1, "0": 2}}, Any, "`$[...]`"),
+    ("typed keys", {1: "a", "1": "b"}, dict[int | str, str], "`$`"),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "schema", "path"), [c[1:] for c in _COLLIDING], ids=[c[0] for c in _COLLIDING]
+)
+async def test_colliding_keys_are_refused(
+    harness: rc.Harness, value: Any, schema: Any, path: str
+) -> None:
+    """Keys that become one JSON key raise ValueError naming the object's path, not the key."""
+    with pytest.raises(ValueError, match="same JSON string") as caught:
+        await _compact(harness, value, schema)
+    message = str(caught.value)
+    assert path in message
+    assert "1.5" not in message
+    assert "'1'" not in message
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+async def test_mixed_keys_that_do_not_collide_are_kept(harness: rc.Harness) -> None:
+    """An int key and a different str key are both stored and read back as JSON keys."""
+    compacted = await _compact(harness, {1: "a", "2": "b", 1.5: "c"}, Any)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
+    expected: dict[str, Any] = {"1": "a", "1.5": "c", "2": "b"}
+    assert read == rc.Found[Any](value=expected)
+
+
+class Weights(msgspec.Struct, frozen=True):
+    w: dict[float, str]
+
+
+class Tagged(msgspec.Struct, frozen=True, array_like=True, tag=True):
+    n: int
+    w: dict[float, str]
+
+
+_MERGED_BY_SCHEMA: list[tuple[str, Any, Any, str]] = [
+    ("float spellings", msgspec.Raw(b'{"1.0": "a", "1": "b"}'), dict[float, str], "`$`"),
+    ("exponent", msgspec.Raw(b'{"w": {"1e0": "a", "1": "b"}}'), Weights, "`$.w`"),
+    ("signed zero", msgspec.Raw(b'[{"w": {"-0.0": "a", "0": "b"}}]'), list[Weights], "`$[0].w`"),
+    ("array-like", msgspec.Raw(b'["Tagged", 1, {"1.5": "a", "15e-1": "b"}]'), Tagged, "`$.w`"),
+    (
+        "uuid spellings",
+        {str(uuid.UUID(int=5)): "a", uuid.UUID(int=5).hex: "b"},
+        dict[uuid.UUID, str],
+        "`$`",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "schema", "path"),
+    [c[1:] for c in _MERGED_BY_SCHEMA],
+    ids=[c[0] for c in _MERGED_BY_SCHEMA],
+)
+async def test_keys_the_schema_reads_as_one_are_refused(
+    harness: rc.Harness, value: Any, schema: Any, path: str
+) -> None:
+    """Distinct keys that the schema's key type parses to one key raise ValueError; none lost."""
+    with pytest.raises(ValueError, match="reads as one key") as caught:
+        await _compact(harness, value, schema)
+    assert path in str(caught.value)
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+async def test_distinct_parsed_keys_are_kept(harness: rc.Harness) -> None:
+    """Float keys that stay distinct after parsing are stored and read back."""
+    raw = msgspec.Raw(b'{"w": {"1.0": "a", "2": "b", "-1.5": "c"}}')
+    compacted = await _compact(harness, raw, Weights)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Weights)
+    assert read == rc.Found(value=Weights(w={1.0: "a", 2.0: "b", -1.5: "c"}))
+
+
+# ----------------------------------------------------------------------------- finding 5
+
+
+class Total(msgspec.Struct, frozen=True):
+    total: int
+    rows: list[Any] = []
+
+
+_DUPLICATED: list[tuple[str, bytes, Any, str]] = [
+    ("top level", b'{"a": 1, "a": 2}', Any, "`$`"),
+    ("struct field", b'{"total": 1, "rows": [], "total": 2}', Total, "`$`"),
+    ("deep", b'[1, {"x": {"b": 1, "c": [{"d": 1, "d": 1}]}}]', Any, "`$[1][...][...][0]`"),
+    ("escaped spelling", b'{"pin": 1, "\\u0070in": 2}', dict[str, int], "`$`"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "schema", "path"), [c[1:] for c in _DUPLICATED], ids=[c[0] for c in _DUPLICATED]
+)
+async def test_duplicate_keys_in_raw_json_are_refused(
+    harness: rc.Harness, data: bytes, schema: Any, path: str
+) -> None:
+    """JSON text naming one key twice raises ValueError with the object's path; nothing stored."""
+    with pytest.raises(ValueError, match="names one key twice") as caught:
+        await _compact(harness, msgspec.Raw(data), schema)
+    assert path in str(caught.value)
+    assert "pin" not in str(caught.value)
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+async def test_raw_json_with_distinct_keys_is_kept(harness: rc.Harness) -> None:
+    """Equal values under distinct keys, and equal keys in different objects, are accepted."""
+    data = b'{"a": {"k": 1}, "b": {"k": 1}, "c": [{"k": 2}, {"k": 2}]}'
+    compacted = await _compact(harness, msgspec.Raw(data), Any)
+    assert compacted.output.value == msgspec.json.decode(data)
+
+
+# ----------------------------------------------------------------------------- finding 17
+
+
+class Node(msgspec.Struct, frozen=True):
+    id: int
+    parent: int | None
+
+
+@pytest.mark.parametrize(
+    ("value", "schema"),
+    [
+        ({"id": 2**64, "parent": None}, Any),
+        (Node(id=2**64, parent=None), Node),
+        (Node(id=-(2**70), parent=10**40), Node),
+        ([None, 10**300, -(10**300), None], list[int | None]),
+    ],
+    ids=["dict", "struct", "negative", "list"],
+)
+async def test_integers_beyond_64_bits_are_stored_exactly(
+    harness: rc.Harness, value: Any, schema: Any
+) -> None:
+    """Integers beyond 64 bits next to null are stored exactly and read back equal."""
+    compacted = await _compact(harness, value, schema)
+    assert compacted.output.value == value
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, schema)
+    assert read == rc.Found(value=value)
+
+
+def _nested(depth: int, make: Any) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = make(value)
+    return value
+
+
+_DEEP: list[tuple[str, Any]] = [
+    ("lists 1000", _nested(1000, lambda v: [v])),
+    ("dicts 5000", _nested(5000, lambda v: {"k": v})),
+    ("pairs 3000", _nested(3000, lambda v: [v, 1])),
+    ("raw 100000", msgspec.Raw(b"[" * 100_000 + b"]" * 100_000)),
+]
+
+
+@pytest.mark.parametrize("value", [c[1] for c in _DEEP], ids=[c[0] for c in _DEEP])
+async def test_deep_nesting_is_refused_with_value_error(harness: rc.Harness, value: Any) -> None:
+    """Nesting beyond the recursion limit raises ValueError, not RecursionError; nothing stored."""
+    with pytest.raises(ValueError, match="nests too deeply"):
+        await _compact(harness, value, Any)
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+async def test_moderate_nesting_round_trips(harness: rc.Harness) -> None:
+    """Two hundred levels of nesting are stored and read back equal."""
+    value = _nested(200, lambda v: {"k": [v]})
+    compacted = await _compact(harness, value, Any)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
+    assert read == rc.Found(value=value)
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"note": "a\ud800b"}, "string that is not valid Unicode (a lone surrogate) at `$[...]`"),
+        ({"a\udfff": 1}, "key that is not valid Unicode (a lone surrogate) in the object at `$`"),
+        ([1, {2: "\ud800"}], "at `$[1][...]`"),
+    ],
+    ids=["value", "key", "non-str-keyed dict"],
+)
+async def test_lone_surrogates_are_refused_with_a_path(
+    harness: rc.Harness, value: Any, path: str
+) -> None:
+    """A lone surrogate in a string or key raises ValueError naming where, not what."""
+    with pytest.raises(ValueError, match="not valid Unicode") as caught:
+        await _compact(harness, value, Any)
+    assert path in str(caught.value)
+    assert "\ud800" not in str(caught.value)
+    _assert_nothing_stored(store_root(harness.fs))
+
+
+def test_unencodable_values_raise_value_error() -> None:
+    """A set mixing types JSON cannot sort raises ValueError, not TypeError."""
+    with pytest.raises(ValueError, match="cannot be encoded as JSON"):
+        canonical_bytes({"s": {1, "a"}, 2: 0})
