@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import anyio
@@ -84,3 +85,13 @@ async def test_a_cancelled_worker_verification_is_replaced(tmp_path: Path) -> No
     out = await rc.response_compact(harness, big_exact(60_001), Exact, Summary, options)
     assert out.receipt.exact_cache == "stored"
     assert _pool.POOL.calls == before + 1
+
+
+async def test_a_removed_root_is_made_again(harness: rc.Harness) -> None:
+    """A store root deleted while the process runs is recreated by the next call, as before."""
+    await compact(harness, A)
+    shutil.rmtree(store_root(harness.fs))
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
+    again = await compact(harness, A)  # a new store: a new key, so a new reference
+    ref = again.receipt.exact_ref
+    assert await rc.response_compaction_read_exact(harness, ref, Exact) == rc.Found(value=A)

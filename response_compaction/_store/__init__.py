@@ -92,7 +92,10 @@ async def open_store(fs: Any) -> Store:
 async def _root_and_key(backend: FileBackend, base: str) -> tuple[str, bytes]:
     known = _prepared.get((os.getpid(), base))
     if known is not None:
-        key = read_key(known)  # a few syscalls on the loop: no hop
+        try:
+            key = read_key(known)  # a few syscalls on the loop: no hop
+        except FileNotFoundError:
+            key = None  # the root was removed: made again below
         if key is not None:
             return known, key
     _pool.POOL.start()  # warm before the first large value needs it

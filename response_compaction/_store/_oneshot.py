@@ -256,7 +256,10 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
             return None
         if row.size > INLINE_READ_BYTES:
             return NOT_INLINE
-        root_fd = open_root(root)
+        try:
+            root_fd = open_root(root, remake=False)
+        except FileNotFoundError:
+            return NOT_INLINE  # remaking a removed root writes: not on the loop
         try:
             got = _read_trusted(root_fd, kind, key, row, secret, INLINE_READ_BYTES)
         finally:
@@ -268,12 +271,13 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
     return got if got is None or isinstance(got, str) else (row, got)
 
 
-def open_root(root: str) -> int:
+def open_root(root: str, *, remake: bool = True) -> int:
     """The root's fd, the root and its subdirectories checked as :func:`prepare_root` does.
 
     Run by every one-hop operation (a handful of syscalls), so a root prepared once per
     process is still refused the moment one of its directories becomes a symlink or shared.
-    A root or subdirectory removed meanwhile is made again.
+    A root or subdirectory removed meanwhile is made again (``remake``; else
+    ``FileNotFoundError``).
     """
     try:
         root_fd = open_dir(root, create=False)
@@ -284,6 +288,8 @@ def open_root(root: str) -> int:
             os.close(root_fd)
             raise
     except FileNotFoundError:
+        if not remake:
+            raise
         prepare_root(os.path.dirname(root))
         root_fd = open_dir(root, create=False)
     return root_fd
