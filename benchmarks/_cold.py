@@ -2,7 +2,9 @@
 
 Builds two different rows values of the target size, then times the first compaction (which
 opens the store, and so starts the library's worker pool) and the second, in this fresh
-process. Prints one JSON object on stdout. ``main()`` is guarded, as any script's should be.
+process. The store itself was made by an earlier process (``workspace``), as an agent's usually
+was: creating a store is not what a process's first compaction is about. Prints one JSON
+object on stdout. ``main()`` is guarded, as any script's should be.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from benchmarks.workloads import Summary, build
 
 async def _run(args: dict[str, Any]) -> dict[str, Any]:
     first, second = (build("rows", args["target"], seed=seed) for seed in (21, 22))
-    harness = rc.Harness(fs=rc.LocalWorkspace(tempfile.mkdtemp(dir=args["tmp"])), llm=None)
+    workspace = args.get("workspace") or tempfile.mkdtemp(dir=args["tmp"])
+    harness = rc.Harness(fs=rc.LocalWorkspace(workspace), llm=None)
     options = {
         "fallback": Summary(text="fallback"),
         "ladder": "none",

@@ -28,6 +28,7 @@ file seam). This module puts them together; nothing below it imports it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import secrets
@@ -48,7 +49,7 @@ from .._slices import decode_layout, encode_layout
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
 from ._index import Row
-from ._key import load_key, read_key
+from ._key import KEY_NAME, load_key, read_key
 from ._oneshot import NOT_INLINE, SMALL_BYTES, put_small, read_checked, read_inline
 from ._paths import KINDS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
 from ._stepwise import Stepwise, Stored
@@ -92,16 +93,30 @@ async def open_store(fs: Any) -> Store:
 async def _root_and_key(backend: FileBackend, base: str) -> tuple[str, bytes]:
     known = _prepared.get((os.getpid(), base))
     if known is not None:
+        root, key, seen = known
         try:
-            key = read_key(known)  # a few syscalls on the loop: no hop
+            # One lstat on the loop: the key file as it was when last read (same inode, size,
+            # owner, mode, times) is the same key; anything else is read and checked again.
+            now = _key_stamp(root)
+            if now == seen:
+                return root, key
+            fresh = read_key(root)  # a few syscalls on the loop: no hop
         except FileNotFoundError:
-            key = None  # the root was removed: made again below
-        if key is not None:
-            return known, key
+            fresh = None  # the key or the root was removed: made again below
+        if fresh is not None:
+            _prepared[(os.getpid(), base)] = (root, fresh, now)
+            return root, fresh
     _pool.POOL.start()  # warm before the first large value needs it
-    prepared = await backend.run(_prepare, base)
-    _prepared[(os.getpid(), base)] = prepared[0]
-    return prepared
+    root, key = await backend.run(_prepare, base)
+    with contextlib.suppress(OSError):
+        _prepared[(os.getpid(), base)] = (root, key, _key_stamp(root))
+    return root, key
+
+
+def _key_stamp(root: str) -> tuple[int, ...]:
+    st = os.lstat(os.path.join(root, KEY_NAME))
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size,
+            st.st_mtime_ns, st.st_ctime_ns)  # fmt: skip
 
 
 def _prepare(base: str) -> tuple[str, bytes]:
@@ -109,9 +124,9 @@ def _prepare(base: str) -> tuple[str, bytes]:
     return root, load_key(root)
 
 
-# Roots created and checked by this process, by workspace directory. The key is read again
-# by every open (it may have been removed or replaced).
-_prepared: dict[tuple[int, str], str] = {}
+# Roots created and checked by this process, by workspace directory, with their key and how
+# the key file looked when it was read (every open compares; a changed file is read again).
+_prepared: dict[tuple[int, str], tuple[str, bytes, tuple[int, ...]]] = {}
 
 
 class Store(Stepwise):
