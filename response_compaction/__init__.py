@@ -29,6 +29,8 @@ from ._models import Missing as Missing
 from ._models import Receipt as Receipt
 from ._models import SummarizedOutput as SummarizedOutput
 from ._openai import OpenAICatalog as OpenAICatalog
+from ._part import Part as Part
+from ._read import response_compaction_read_part as response_compaction_read_part
 from ._summarize import RungReply as RungReply
 from ._summarize import SummaryModel as SummaryModel
 from ._summarize import SummaryRequest as SummaryRequest
@@ -46,6 +48,7 @@ __all__ = (
     "LocalWorkspace",
     "Missing",
     "OpenAICatalog",
+    "Part",
     "Receipt",
     "RungReply",
     "SchemaError",
@@ -57,6 +60,7 @@ __all__ = (
     "Workspace",
     "response_compact",
     "response_compaction_read_exact",
+    "response_compaction_read_part",
 )
 
 

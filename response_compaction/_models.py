@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Generic, Literal, TypeAlias, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeAlias, TypeVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
+
+from ._agent_text import agent_json, agent_text
 
 __all__ = [
     "Attempt",
@@ -141,6 +143,27 @@ class Compacted(Struct, Generic[E, S], frozen=True, kw_only=True):
 
     output: ExactOutput[E] | SummarizedOutput[S] | FallbackOutput[S]
     receipt: Receipt
+
+    def to_agent_text(self, *, read_tool: str = "read_exact", max_bytes: int = 16000) -> str:
+        """One plain text to return as the tool result, at most ``max_bytes`` UTF-8 bytes.
+
+        Lines: the kind; the value, summary or fallback as compact JSON (cut with a marker
+        if it does not fit); how much of the response the summary was made from; the
+        ``exact_ref`` and its size; how to read more with ``read_tool`` (pointer, start,
+        stop, max_bytes). Raises ``ValueError`` when ``max_bytes < 1024``.
+        """
+        return agent_text(self, read_tool=read_tool, max_bytes=max_bytes)
+
+    def to_agent_json(
+        self, *, read_tool: str = "read_exact", max_bytes: int = 16000
+    ) -> dict[str, Any]:
+        """The facts of :meth:`to_agent_text` as JSON-ready builtins for structured results.
+
+        Keys: ``kind``, ``value`` (or ``value_omitted: true`` when it does not fit
+        ``max_bytes``), ``exact_ref``, ``exact_bytes``, ``covered_bytes`` (when known),
+        ``fallback_reason`` (for a fallback), ``read_more``.
+        """
+        return agent_json(self, read_tool=read_tool, max_bytes=max_bytes)
 
 
 class CompactionOptions(Struct, Generic[S], frozen=True, kw_only=True, forbid_unknown_fields=True):

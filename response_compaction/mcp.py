@@ -1,10 +1,11 @@
-"""A ``read_exact`` tool for Model Context Protocol servers.
+"""A ``read_exact`` tool for Model Context Protocol servers: bounded, verified, pageable.
 
 Needs the optional SDK: ``pip install 'response-compaction[mcp]'``.
 
-Hosts that hand a model a summary and an ``exact_ref`` let it fetch the exact value back with
-this tool; the tool is :func:`response_compaction.response_compaction_read_exact` and nothing
-else, so the model never sees the cache layout::
+Hosts that hand a model a summary and an ``exact_ref`` let it read the exact value back,
+piece by piece, with this tool; the tool is
+:func:`response_compaction.response_compaction_read_part` and nothing else, so the model never
+sees the cache layout and never gets more than the server's ``max_bytes`` in one reply::
 
     from mcp.server.mcpserver import MCPServer
     from response_compaction.mcp import add_read_exact_tool
@@ -12,9 +13,13 @@ else, so the model never sees the cache layout::
     server = MCPServer("my-host")
     add_read_exact_tool(server, harness)
 
-The tool takes ``{"exact_ref": "rc1:..."}`` and answers ``{"state": "found", "value": ...}``,
-``{"state": "missing"}`` or ``{"state": "broken", "detail": "..."}``. ``response-compaction
-mcp`` serves a server with only this tool on stdio (:func:`serve_stdio`).
+The tool takes ``{"exact_ref": "rc1:...", "pointer"?, "start"?, "stop"?, "max_bytes"?}``.
+A found part answers with a header line and the part's JSON as text, and
+``{"state": "found", "part": {...}}`` as structured content (the :class:`Part` fields, with
+``value`` and not ``json``); ``{"state": "missing"}`` and ``{"state": "broken", "detail"}``
+as before. A malformed pointer or a pointer that names nothing is a tool error. Text and
+structured content together never exceed ``max_bytes``. ``response-compaction mcp`` serves a
+server with only this tool on stdio (:func:`serve_stdio`).
 
 The ``mcp`` SDK is imported only when a server is built, so the core install works without it.
 """
@@ -28,22 +33,67 @@ import msgspec
 
 from ._compact import response_compaction_read_exact
 from ._models import Broken, Found, Missing
+from ._part import MIN_MAX_BYTES, Part
+from ._read import response_compaction_read_part
 
-__all__ = ("READ_EXACT_DESCRIPTION", "add_read_exact_tool", "create_server", "serve_stdio")
+__all__ = (
+    "DEFAULT_MAX_BYTES",
+    "READ_EXACT_DESCRIPTION",
+    "add_read_exact_tool",
+    "create_server",
+    "read_result_as_dict",
+    "serve_stdio",
+)
+
+#: What one reply may hold, text and structured content together, unless the host says.
+DEFAULT_MAX_BYTES = 100_000
+#: Room kept in a reply for everything but the part's JSON (twice: text and structured).
+_REPLY_OVERHEAD = 1024
 
 READ_EXACT_DESCRIPTION = (
-    "Read back the exact JSON value behind an exact_ref (a string like 'rc1:' + 64 hex "
-    "characters) that came with a summarized or fallback response. Answers "
-    '{"state": "found", "value": ...} with the exact value; {"state": "missing"} when it was '
-    'never stored, has expired or was evicted; {"state": "broken", "detail": ...} when the '
-    "reference is malformed or the stored bytes fail their integrity check."
+    "Read the exact JSON value behind an exact_ref (a string like 'rc1:' + 64 hex characters) "
+    "that came with a summarized or fallback response, one bounded part at a time. "
+    "Arguments: exact_ref; pointer, an RFC 6901 JSON pointer to the node to read ('' = the "
+    "whole value, '/rows/0/name' = key 'rows', item 0, key 'name'); start and stop, a window "
+    "[start, stop) of array items, object members (in key order) or string characters; "
+    "max_bytes, the most JSON to return (the server caps it). Each answer says the node's "
+    "total_items and total_bytes, the window shown (start, stop) and next_start when more "
+    "follows: call again with start=next_start to page on. When not even one item fits, the "
+    "answer is an outline instead (outline=true): one entry per item with its key or index, "
+    "type, bytes and length; read a big item by extending the pointer (e.g. '/rows/3'). A "
+    "string too long is cut, ending with '…[cut]'. States: found; missing (never stored, "
+    "expired or evicted); broken (malformed reference, or stored bytes that fail their "
+    "integrity check)."
 )
 
 
 def read_result_as_dict(result: Found[Any] | Missing | Broken) -> dict[str, Any]:
-    """``{"state", "value" | "detail"}`` as JSON-ready builtins."""
+    """``{"state", "value" | "part" | "detail"}`` as JSON-ready builtins.
+
+    A found :class:`Part` is given as ``part`` (its fields, ``value`` but not ``json``).
+    """
+    if isinstance(result, Found) and isinstance(result.value, Part):
+        part: dict[str, Any] = msgspec.to_builtins(result.value)
+        del part["json"]
+        return {"state": "found", "part": part}
     out: dict[str, Any] = msgspec.to_builtins(result)
     return out
+
+
+def part_header(part: Part) -> str:
+    """One line that tells a model what the part is and how to read on."""
+    pointer = msgspec.json.encode(part.pointer).decode()
+    words = [f"found pointer={pointer} total_bytes={part.total_bytes}"]
+    if part.total_items is not msgspec.UNSET:
+        words.append(f"total_items={part.total_items}")
+    if part.start is not msgspec.UNSET:
+        words.append(f"shown=[{part.start},{part.stop})")
+    words.append("complete" if part.complete else "partial")
+    if part.outline:
+        words.append("outline (items too big to show: read one by extending the pointer)")
+    if part.next_start is not msgspec.UNSET:
+        words.append(f"next_start={part.next_start}")
+    return " ".join(words)
 
 
 def add_read_exact_tool(
@@ -53,20 +103,47 @@ def add_read_exact_tool(
     exact_schema: Any = Any,
     name: str = "read_exact",
     description: str = READ_EXACT_DESCRIPTION,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> None:
     """Register a ``read_exact`` tool on ``server``, reading through ``harness``.
 
     ``server`` is an ``mcp`` SDK high-level server (``mcp.server.mcpserver.MCPServer``, or
     ``FastMCP`` from mcp 1.x): anything with ``add_tool(fn, name=..., description=...)``.
-    ``exact_schema`` validates what is read (any JSON by default; give your exact schema to
-    have content that no longer fits it reported as broken).
+    ``max_bytes`` caps every reply (text and structured content together). ``exact_schema``
+    other than ``Any`` also validates the whole stored value against it before any part is
+    served, so content that no longer fits reads as broken (this decodes the whole value).
     """
     types = _import_mcp("mcp.types")
+    part_cap = (max_bytes - _REPLY_OVERHEAD) // 2
+    if part_cap < MIN_MAX_BYTES:
+        raise ValueError(f"max_bytes must be >= {2 * MIN_MAX_BYTES + _REPLY_OVERHEAD}")
 
-    async def read_exact(exact_ref: str) -> dict[str, Any]:
-        result = await response_compaction_read_exact(harness, exact_ref, exact_schema)
-        return read_result_as_dict(result)
+    async def read_exact(
+        exact_ref: str,
+        pointer: str = "",
+        start: int | None = None,
+        stop: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Any:
+        # The pointer is echoed twice (header and structured content), the part's JSON too.
+        room = part_cap - len(msgspec.json.encode(pointer)) if isinstance(pointer, str) else 0
+        limit = room if max_bytes is None else min(max_bytes, room)
+        if room < MIN_MAX_BYTES:
+            return _error(types, "pointer is too long for this server's reply cap")
+        try:
+            if exact_schema is not Any:
+                checked = await response_compaction_read_exact(harness, exact_ref, exact_schema)
+                if not isinstance(checked, Found):
+                    return _reply(types, checked)
+            result = await response_compaction_read_part(
+                harness, exact_ref, pointer=pointer, start=start, stop=stop, max_bytes=limit
+            )
+        except (ValueError, LookupError) as exc:
+            return _error(types, str(exc))
+        return _reply(types, result)
 
+    # The SDK passes a CallToolResult through as it is (no schema, no pretty-printed copy).
+    read_exact.__annotations__["return"] = types.CallToolResult
     server.add_tool(
         read_exact,
         name=name,
@@ -77,25 +154,50 @@ def add_read_exact_tool(
     )
 
 
+def _error(types: Any, message: str) -> Any:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=f"error: {message}")], is_error=True
+    )
+
+
+def _reply(types: Any, result: Found[Any] | Missing | Broken) -> Any:
+    structured = read_result_as_dict(result)
+    if isinstance(result, Found) and isinstance(result.value, Part):
+        text = part_header(result.value) + "\n" + result.value.json
+    else:
+        text = msgspec.json.encode(structured).decode()
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], structured_content=structured
+    )
+
+
 def create_server(
-    harness: Any, *, name: str = "response-compaction", exact_schema: Any = Any
+    harness: Any,
+    *,
+    name: str = "response-compaction",
+    exact_schema: Any = Any,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Any:
-    """A new ``mcp`` SDK server whose only tool is ``read_exact``."""
+    """A new ``mcp`` SDK server whose only tool is ``read_exact``, capped at ``max_bytes``."""
     _import_mcp("mcp.types")
     try:
         server_class = importlib.import_module("mcp.server.mcpserver").MCPServer
     except ModuleNotFoundError:
         server_class = importlib.import_module("mcp.server.fastmcp").FastMCP  # mcp 1.x
     server = server_class(name)
-    add_read_exact_tool(server, harness, exact_schema=exact_schema)
+    add_read_exact_tool(server, harness, exact_schema=exact_schema, max_bytes=max_bytes)
     return server
 
 
 async def serve_stdio(
-    harness: Any, *, name: str = "response-compaction", exact_schema: Any = Any
+    harness: Any,
+    *,
+    name: str = "response-compaction",
+    exact_schema: Any = Any,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> None:
     """Serve :func:`create_server` on stdin/stdout until the client hangs up."""
-    server = create_server(harness, name=name, exact_schema=exact_schema)
+    server = create_server(harness, name=name, exact_schema=exact_schema, max_bytes=max_bytes)
     await server.run_stdio_async()
 
 

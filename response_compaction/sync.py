@@ -3,6 +3,7 @@
 >>> from response_compaction import sync
 >>> compacted = sync.response_compact(harness, response, Exact, Summary, options)
 >>> sync.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
+>>> sync.response_compaction_read_part(harness, compacted.receipt.exact_ref, pointer="/rows")
 
 Each call is one line: it runs the coroutine of the same name on one long-lived background
 event loop (an anyio blocking portal on asyncio, started on first use). So there is one
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import os
 import threading
 import weakref
@@ -36,11 +38,17 @@ from typing import Any, TypeVar, overload
 import sniffio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from . import _compact
+from . import _compact, _read
 from ._harness import Closable, HarnessLike
 from ._models import Broken, Compacted, CompactionOptions, Found, Missing
+from ._part import Part
 
-__all__ = ("close", "response_compact", "response_compaction_read_exact")
+__all__ = (
+    "close",
+    "response_compact",
+    "response_compaction_read_exact",
+    "response_compaction_read_part",
+)
 
 E = TypeVar("E")
 S = TypeVar("S")
@@ -103,6 +111,26 @@ def response_compaction_read_exact(
         exact_ref,
         exact_schema,
     )
+
+
+def response_compaction_read_part(
+    harness: HarnessLike,
+    exact_ref: str,
+    *,
+    pointer: str = "",
+    start: int | None = None,
+    stop: int | None = None,
+    max_bytes: int = 65536,
+) -> Found[Part] | Missing | Broken:
+    """Blocking :func:`response_compaction.response_compaction_read_part`."""
+    read = functools.partial(
+        _read.response_compaction_read_part,
+        pointer=pointer,
+        start=start,
+        stop=stop,
+        max_bytes=max_bytes,
+    )
+    return _loop.call("response_compaction_read_part", harness, read, harness, exact_ref)
 
 
 def close() -> None:

@@ -367,3 +367,28 @@ def test_demo_is_imported_only_when_it_runs() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout == "False\n"
+
+
+def test_read_pages_with_pointer_start_stop_and_max_bytes(tmp_path: Path) -> None:
+    """``read --pointer --start --stop --max-bytes`` prints one bounded part, then pages on."""
+    document = big_document(500)
+    ref = store_in_process(tmp_path, document)
+    done = cli("read", ref, "--root", tmp_path, "--pointer", "/rows", "--start", "10")
+    assert done.returncode == 0, done.stderr.decode()
+    part = json.loads(done.stdout)
+    assert part["start"] == 10
+    assert part["total_items"] == 500
+    assert part["value"] == document["rows"][10 : part["stop"]]
+    assert "json" not in part
+    small = cli("read", ref, "--root", tmp_path, "--pointer", "/rows", "--max-bytes", "300")
+    first = json.loads(small.stdout)
+    assert len(json.dumps(first["value"], separators=(",", ":"))) <= 300
+    nxt = cli("read", ref, "--root", tmp_path, "--pointer", "/rows", "--start", first["next_start"])
+    assert json.loads(nxt.stdout)["value"][0] == document["rows"][first["next_start"]]
+    window = cli("read", ref, "--root", tmp_path, "--pointer", "/rows/3/name")
+    assert json.loads(window.stdout)["value"] == "row 3"
+    bad = cli("read", ref, "--root", tmp_path, "--pointer", "/nope")
+    assert bad.returncode == 1
+    assert b"LookupError" in bad.stderr
+    whole = cli("read", ref, "--root", tmp_path)
+    assert json.loads(whole.stdout) == document

@@ -13,7 +13,7 @@ from mcp.server.mcpserver import MCPServer
 
 import response_compaction as rc
 from response_compaction.mcp import add_read_exact_tool, create_server
-from tests.schemas import FALLBACK, Exact, Row, Summary
+from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
 
@@ -36,11 +36,26 @@ async def stored_refs(root: Path) -> tuple[str, str, Exact]:
     return intact.exact_ref, broken.exact_ref, value
 
 
-async def call(client: Client, ref: str) -> dict[str, Any]:
-    result = await client.call_tool("read_exact", {"exact_ref": ref})
+async def call(client: Client, ref: str, **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool("read_exact", {"exact_ref": ref, **arguments})
     assert not result.is_error
     assert isinstance(result.structured_content, dict)
     return result.structured_content
+
+
+def found(value: Any) -> dict[str, Any]:
+    """The structured answer for a small value read whole."""
+    data = msgspec.json.encode(value, order="sorted")
+    part = {"pointer": "", "value": msgspec.json.decode(data), "complete": True}
+    return {"state": "found", "part": part | {"total_bytes": len(data)}}
+
+
+def whole(answer: dict[str, Any]) -> dict[str, Any]:
+    """``answer`` without the window fields, which depend on the value's shape."""
+    if "part" in answer:
+        keep = ("pointer", "value", "complete", "total_bytes")
+        answer = answer | {"part": {k: answer["part"][k] for k in keep}}
+    return answer
 
 
 async def test_stdio_server_found_missing_broken(tmp_path: Path) -> None:
@@ -57,7 +72,7 @@ async def test_stdio_server_found_missing_broken(tmp_path: Path) -> None:
         assert tools.tools[0].annotations is not None
         assert tools.tools[0].annotations.read_only_hint is True
 
-        assert await call(client, intact) == {"state": "found", "value": msgspec.to_builtins(value)}
+        assert whole(await call(client, intact)) == found(value)
         assert await call(client, "rc1:" + "0" * 64) == {"state": "missing"}
         tampered = await call(client, broken)
         assert tampered["state"] == "broken"
@@ -81,7 +96,7 @@ async def test_host_adds_the_tool_to_its_own_server(tmp_path: Path) -> None:
     async with Client(server) as client:
         names = sorted(tool.name for tool in (await client.list_tools()).tools)
         assert names == ["ping", "read_exact"]
-        assert await call(client, intact) == {"state": "found", "value": msgspec.to_builtins(value)}
+        assert whole(await call(client, intact)) == found(value)
         assert (await call(client, broken))["state"] == "broken"
 
 
@@ -105,3 +120,89 @@ def test_missing_extra_gives_a_clear_error(
     monkeypatch.setitem(sys.modules, "mcp", None)
     with pytest.raises(ModuleNotFoundError, match=r"response-compaction\[mcp\]"):
         create_server(harness)
+
+
+def reply_bytes(result: Any) -> int:
+    """Text and structured content of one reply, as UTF-8 JSON."""
+    text = sum(len(block.text.encode()) for block in result.content)
+    return text + len(msgspec.json.encode(result.structured_content))
+
+
+@pytest.mark.slow
+async def test_stdio_pages_a_20_mb_entry_within_the_cap(tmp_path: Path) -> None:
+    """Over stdio, a 20 MB value pages through whole, no reply above the 100 KB default."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    value = big_exact(300_000, name_len=30)
+    receipt = (await rc.response_compact(harness, value, Exact, Summary, OPTIONS)).receipt
+    assert receipt.exact_bytes > 20_000_000
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "response_compaction", "mcp", "--root", str(tmp_path)],
+        env={"PYTHONPATH": str(REPO)},
+    )
+    rows: list[Any] = []
+    async with Client(params) as client:
+        top = await client.call_tool("read_exact", {"exact_ref": receipt.exact_ref})
+        assert reply_bytes(top) <= 100_000
+        assert isinstance(top.structured_content, dict)
+        assert top.structured_content["part"]["outline"] is True
+        assert top.structured_content["part"]["value"][0]["items"] == 300_000
+        start: int | None = 0
+        calls = 0
+        while start is not None:
+            result = await client.call_tool(
+                "read_exact", {"exact_ref": receipt.exact_ref, "pointer": "/rows", "start": start}
+            )
+            calls += 1
+            assert not result.is_error
+            assert reply_bytes(result) <= 100_000
+            assert isinstance(result.structured_content, dict)
+            part = result.structured_content["part"]
+            assert part["start"] == start
+            rows.extend(part["value"])
+            start = part.get("next_start")
+    assert rows == msgspec.to_builtins(value.rows)
+    assert calls > 200  # pages, not one reply
+
+
+async def test_tool_pages_and_outlines_in_process(tmp_path: Path) -> None:
+    """Pointer, window and max_bytes reach read_part; bad pointers are tool errors."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    value = big_exact(3000)
+    ref = (await rc.response_compact(harness, value, Exact, Summary, OPTIONS)).receipt.exact_ref
+    async with Client(create_server(harness, max_bytes=4096)) as client:
+        result = await client.call_tool(
+            "read_exact", {"exact_ref": ref, "pointer": "/rows", "start": 10, "stop": 13}
+        )
+        assert reply_bytes(result) <= 4096
+        text = result.content[0].text  # type: ignore[union-attr]
+        assert text.splitlines()[0] == (
+            'found pointer="/rows" total_bytes='
+            f"{len(msgspec.json.encode(value.rows))} total_items=3000 shown=[10,13) partial"
+            " next_start=13"
+        )
+        assert msgspec.json.decode(text.splitlines()[1]) == msgspec.to_builtins(value.rows[10:13])
+        capped = await call(client, ref, pointer="/rows", max_bytes=100_000)
+        assert len(msgspec.json.encode(capped["part"]["value"])) <= (4096 - 1024) // 2
+        name = await call(client, ref, pointer="/rows/2999/name")
+        assert name["part"]["value"] == value.rows[2999].name
+        for pointer in ("rows", "/nope", "/" + "x" * 2000):
+            error = await client.call_tool("read_exact", {"exact_ref": ref, "pointer": pointer})
+            assert error.is_error
+        tools = (await client.list_tools()).tools
+        description = tools[0].description or ""
+        for word in ("pointer", "next_start", "outline", "max_bytes", "start", "stop"):
+            assert word in description
+        assert set(tools[0].input_schema["properties"]) == {
+            "exact_ref",
+            "pointer",
+            "start",
+            "stop",
+            "max_bytes",
+        }
+
+
+def test_cap_too_small_for_a_part_is_refused(harness: rc.Harness) -> None:
+    """A server cap that cannot hold a 256-byte part twice plus the header is refused."""
+    with pytest.raises(ValueError, match="max_bytes"):
+        create_server(harness, max_bytes=1500)

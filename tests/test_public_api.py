@@ -43,13 +43,20 @@ CONTRACT_NAMES = (
     "LocalWorkspace",
     "Missing",
     "OpenAICatalog",
+    "Part",
     "Receipt",
     "SummarizedOutput",
     "response_compact",
     "response_compaction_read_exact",
+    "response_compaction_read_part",
 )
 #: The blocking twins in ``response_compaction.sync``.
-SYNC_NAMES = ("close", "response_compact", "response_compaction_read_exact")
+SYNC_NAMES = (
+    "close",
+    "response_compact",
+    "response_compaction_read_exact",
+    "response_compaction_read_part",
+)
 
 
 def test_contract_names_exist() -> None:

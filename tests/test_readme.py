@@ -19,7 +19,7 @@ PRINT_WITH_COMMENT = re.compile(r"^\s*print\(.*\)\s+# (.+)$")
 
 
 def block_id(code: str) -> str:
-    for name in ("OpenAICatalog", "MCPServer", "sync.", "asyncio.run"):
+    for name in ("read_part", "OpenAICatalog", "MCPServer", "sync.", "asyncio.run"):
         if name in code:
             return name.strip(".").replace(".", "_").lower()
     return "block"
@@ -36,9 +36,10 @@ def expected_lines(code: str) -> list[str | None]:
 
 
 def test_readme_has_the_examples_it_promises() -> None:
-    """The README holds an asyncio quickstart, a blocking one, a model example and MCP."""
+    """The README holds an asyncio quickstart, a blocking one, a model example, the agent loop
+    and MCP."""
     assert sorted(block_id(code) for code in BLOCKS) == sorted(
-        ["asyncio_run", "sync", "openaicatalog", "mcpserver"]
+        ["asyncio_run", "sync", "openaicatalog", "read_part", "mcpserver"]
     )
 
 

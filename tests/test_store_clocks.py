@@ -48,7 +48,7 @@ async def test_a_writer_ten_years_ahead_deletes_no_live_entry_of_others(
 ) -> None:
     """A clock 10 years ahead stores and prunes; others' 1-day entries stay and read Found."""
     ws = tmp_path / "ws"
-    seed_key(ws)  # the store's digest key, so hex_of names its entries
+    seed_key(ws)  # a known key, so entries can be named (hex_of) from outside
     harness = _harness(ws, FakeClock(T0))
     for tag in ("a", "b"):
         await compact(harness, tagged(tag), ttl_seconds=DAY)
@@ -65,7 +65,7 @@ async def test_honest_expiry_is_deleted_once_a_second_clock_witnesses_it(
 ) -> None:
     """Expired by one other writer's clock it reads Missing; a second witness lets it go."""
     ws = tmp_path / "ws"
-    seed_key(ws)  # the store's digest key, so hex_of names its entries
+    seed_key(ws)  # a known key, so entries can be named (hex_of) from outside
     root = ws / "response-compaction-v1"
     assert await _writer(ws, anyio_backend, T0, 60, "put:a") == ["stored"]
     harness = _harness(ws, FakeClock(T0 + 120))
@@ -82,7 +82,7 @@ async def test_a_clock_going_backwards_revives_no_expired_entry(
 ) -> None:
     """Once readers witnessed a later time, a clock that went back still reads Missing."""
     ws = tmp_path / "ws"
-    seed_key(ws)  # the store's digest key, so hex_of names its entries
+    seed_key(ws)  # a known key, so entries can be named (hex_of) from outside
     assert await _writer(ws, anyio_backend, T0, 60, "put:a") == ["stored"]
     assert await _writer(ws, anyio_backend, T0, DAY, "put:b") == ["stored"]
     clock = FakeClock(T0 + 120)
@@ -100,7 +100,7 @@ async def test_capacity_eviction_follows_use_order_not_a_clock_going_backwards(
 ) -> None:
     """With the clock stepping back before each write, the least recently stored entry goes."""
     clock = FakeClock(T0)
-    seed_key(tmp_path / "ws")  # the store's digest key, so ref_of names its entries
+    seed_key(tmp_path / "ws")
     harness = _harness(tmp_path / "ws", clock)
     for tag in ("a", "b", "c"):
         await compact(harness, tagged(tag), max_entries=2)

@@ -27,7 +27,12 @@ class FsyncRecorder:
 
     def __init__(self) -> None:
         self.synced: set[tuple[int, int]] = set()
+        self.calls: list[tuple[int, int]] = []
         self._lock = threading.Lock()
+
+    def root_syncs(self, identity: tuple[int, int]) -> int:
+        """How many times the directory ``identity`` was fsynced."""
+        return self.calls.count(identity)
 
     @contextlib.contextmanager
     def __call__(self, fn: Callable[..., Any]) -> Iterator[None]:
@@ -37,6 +42,7 @@ class FsyncRecorder:
             st = os.fstat(fd if isinstance(fd, int) else fd.fileno())
             with self._lock:
                 self.synced.add((st.st_dev, st.st_ino))
+                self.calls.append((st.st_dev, st.st_ino))
             real(fd)
 
         os.fsync = fsync
@@ -65,6 +71,9 @@ async def test_every_directory_the_store_creates_is_made_durable_in_its_parent(
     parents.append(entry.parent)  # the rename of the entry itself
     missing = [str(p.relative_to(tmp_path)) for p in parents if _identity(p) not in recorder.synced]
     assert missing == []
+    # And the root is synced after the index file is created in it (checked by count: the
+    # root is fsynced once for each of tmp/, exact/, summary/, the key and the index).
+    assert recorder.root_syncs(_identity(root)) >= 5
 
 
 @contextlib.contextmanager

@@ -126,7 +126,7 @@ async def test_corrupt_index_cells_read_broken_not_raw_errors(
         conn.execute(f"UPDATE entries SET {column} = {cell}")  # noqa: S608 - test constants
     result = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
     if column == "layout":
-        assert isinstance(result, (rc.Found, rc.Broken))  # a layout is only a hint
+        assert result == rc.Found(value=value)  # a layout is only a hint
     else:
         assert isinstance(result, rc.Broken)
         assert "index row" in result.detail
@@ -134,6 +134,22 @@ async def test_corrupt_index_cells_read_broken_not_raw_errors(
     reports = await store.verify()
     assert len(reports) == 1
     await store.prune(1)
+
+
+async def test_a_corrupt_clock_cell_witnesses_no_expiry(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, clock: FakeClock
+) -> None:
+    """A clock cell holding text (which SQLite sorts above every number) deletes nothing."""
+    options = {"fallback": FALLBACK, "ladder": "cheap", "ttl_seconds": 60}
+    await rc.response_compact(harness, _value(1), Exact, Summary, options)
+    with sqlite3.connect(_index_path(workspace)) as conn:
+        conn.execute("UPDATE entries SET writer = 'someone else'")
+        conn.execute("INSERT INTO clocks VALUES ('forged', 'far future')")
+    clock.advance(120)
+    await rc.response_compact(harness, _value(2), Exact, Summary, options)
+    with sqlite3.connect(_index_path(workspace)) as conn:
+        (rows,) = conn.execute("SELECT count(*) FROM entries").fetchone()
+    assert rows == 2  # expired by this clock alone, and no honest second clock saw it
 
 
 @pytest.mark.parametrize(("kind", "key"), [("exact", "../../victim"), ("../..", "victim")])

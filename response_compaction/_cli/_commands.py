@@ -17,7 +17,9 @@ import msgspec
 
 from .._compact import response_compact, response_compaction_read_exact
 from .._harness import Harness, LocalWorkspace
-from .._models import CompactionOptions, Found, Missing
+from .._models import Broken, CompactionOptions, Found, Missing
+from .._part import Part
+from .._read import response_compaction_read_part
 from .._store import open_store
 from .._summarize import SummaryModel
 
@@ -203,8 +205,25 @@ async def _compact(args: argparse.Namespace) -> int:
 
 
 async def _read(args: argparse.Namespace) -> int:
-    result = await response_compaction_read_exact(_harness(args), args.ref, args.schema)
+    window = (args.pointer, args.start, args.stop, args.max_bytes)
+    result: Found[Any] | Missing | Broken
+    if all(option is None for option in window):
+        result = await response_compaction_read_exact(_harness(args), args.ref, args.schema)
+    else:
+        result = await response_compaction_read_part(
+            _harness(args),
+            args.ref,
+            pointer=args.pointer or "",
+            start=args.start,
+            stop=args.stop,
+            max_bytes=65536 if args.max_bytes is None else args.max_bytes,
+        )
     if isinstance(result, Found):
+        if isinstance(result.value, Part):
+            # The part's fields, its value once (not again as a JSON string).
+            shown = {k: v for k, v in msgspec.to_builtins(result.value).items() if k != "json"}
+            _emit(shown)
+            return EXIT_OK
         sys.stdout.buffer.write(msgspec.json.encode(result.value, order="sorted") + b"\n")
         sys.stdout.flush()
         return EXIT_OK
@@ -265,7 +284,7 @@ async def _prune(args: argparse.Namespace) -> int:
 async def _mcp(args: argparse.Namespace) -> int:
     from ..mcp import serve_stdio  # imported here: the mcp extra is optional
 
-    await serve_stdio(_harness(args), exact_schema=args.schema)
+    await serve_stdio(_harness(args), exact_schema=args.schema, max_bytes=args.max_bytes)
     return EXIT_OK
 
 

@@ -212,22 +212,48 @@ def _add_read_and_mcp(
         parents=[root, schema],
         help="print the exact value behind a reference",
         description=(
-            "Print the exact value behind REF as canonical JSON. Exit 0 when found, 3 when "
+            "Print the exact value behind REF as canonical JSON, or with --pointer, --start, "
+            "--stop or --max-bytes one bounded part of it. Exit 0 when found, 3 when "
             "missing (never stored, expired or evicted), 4 when broken (malformed reference, "
             "tampered or invalid bytes; the detail goes to stderr)."
         ),
     )
     read.add_argument("ref", metavar="REF", help="an exact_ref from a receipt (rc1:<64 hex>)")
+    part = read.add_argument_group(
+        "reading a part",
+        "With any of these, print one bounded, verified part as JSON (pointer, value, "
+        "complete, total_bytes, total_items, start, stop, next_start, outline) instead of the "
+        "whole value; page on with --start NEXT_START.",
+    )
+    part.add_argument("--pointer", default=None, help="RFC 6901 pointer to the node to read")
+    part.add_argument(
+        "--start", type=_positive, default=None, help="first item (or character) of the window"
+    )
+    part.add_argument("--stop", type=_positive, default=None, help="end of the window (exclusive)")
+    part.add_argument(
+        "--max-bytes",
+        type=_positive,
+        default=None,
+        help="the most JSON the part may hold (default 65536, at least 256)",
+    )
 
-    sub.add_parser(
+    mcp = sub.add_parser(
         "mcp",
         parents=[root, schema],
         help="serve an MCP read_exact tool on stdio",
         description=(
             "Serve a Model Context Protocol server on stdin/stdout with one tool, read_exact "
-            '({"exact_ref": ...} -> {"state", "value" | "detail"}). Needs the mcp extra: '
-            "pip install 'response-compaction[mcp]'."
+            "(exact_ref, pointer, start, stop, max_bytes -> one bounded, verified part). "
+            "Needs the mcp extra: pip install 'response-compaction[mcp]'."
         ),
+    )
+    mcp.add_argument(
+        "--max-bytes",
+        metavar="N",
+        type=_positive,
+        default=100_000,
+        help="the most one reply may hold, text and structured content together "
+        "(default: %(default)s)",
     )
 
 

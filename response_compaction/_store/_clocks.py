@@ -39,14 +39,20 @@ def writer_id() -> str:
     return _writer[1]
 
 
+# Only numbers count as clocks: SQLite orders any text above every number, so a corrupt cell
+# would otherwise witness every expiry.
+
 #: The attested time for writer ``:me`` and clock ``:now`` (see the module docstring).
 ATTESTED_SQL = """max(:now,
-    coalesce((SELECT seen FROM clocks WHERE writer = :me), :now),
-    coalesce((SELECT seen FROM clocks ORDER BY seen DESC LIMIT 1 OFFSET 1), :now))"""
+    coalesce((SELECT seen FROM clocks WHERE writer = :me
+        AND typeof(seen) IN ('integer', 'real')), :now),
+    coalesce((SELECT seen FROM clocks WHERE typeof(seen) IN ('integer', 'real')
+        ORDER BY seen DESC LIMIT 1 OFFSET 1), :now))"""
 
 #: Whether a row may be deleted by expiry by writer ``:me`` at attested time ``:now``.
-DELETABLE_SQL = """(expires_at <= :now AND (writer IS :me OR expires_at <=
-    (SELECT max(seen) FROM clocks WHERE writer != :me)))"""
+DELETABLE_SQL = """(typeof(expires_at) IN ('integer', 'real') AND expires_at <= :now
+    AND (writer IS :me OR expires_at <= (SELECT max(seen) FROM clocks
+        WHERE writer != :me AND typeof(seen) IN ('integer', 'real'))))"""
 
 
 def record_clock(conn: sqlite3.Connection, me: str, now: float) -> None:

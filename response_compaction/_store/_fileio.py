@@ -8,6 +8,7 @@ written once against :class:`FileBackend`.
 
 from __future__ import annotations
 
+import errno
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol, TypeVar
@@ -19,7 +20,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import sniffio
 
-__all__ = ["AsyncBinaryFile", "FileBackend", "Opener", "current_backend"]
+__all__ = ["AsyncBinaryFile", "FileBackend", "Opener", "current_backend", "write_all"]
 
 T = TypeVar("T")
 Opener = Callable[[str, int], int]
@@ -143,3 +144,13 @@ _ANYIO = AnyioBackend()
 def current_backend() -> FileBackend:
     """The seam for the async library running this task."""
     return _AIOFILES if sniffio.current_async_library() == "asyncio" else _ANYIO
+
+
+async def write_all(file: AsyncBinaryFile, piece: bytes | memoryview) -> None:
+    """Write all of ``piece`` (``write`` may be short); no progress is an error."""
+    view = memoryview(piece).cast("B")
+    while view:
+        written = await file.write(view)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]

@@ -235,10 +235,10 @@ class Index:
             not (isinstance(digest, str) and HEX.fullmatch(digest))
             or not (isinstance(size, int) and size >= 0)
             or when is None
-            or not (layout is None or isinstance(layout, bytes))
         ):
             raise CorruptRowError("the index row of this entry is corrupt")
-        return Row(digest, size, when, layout, number(attested) or now)
+        hint = layout if isinstance(layout, bytes) else None  # a layout is only a hint
+        return Row(digest, size, when, hint, number(attested) or now)
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""

@@ -7,7 +7,6 @@ the event loop.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import sqlite3
@@ -15,6 +14,7 @@ import stat
 import urllib.parse
 
 from .._errors import UnsafeStoreError
+from ._paths import fsync_parent
 
 __all__ = [
     "BUSY_MS",
@@ -75,8 +75,12 @@ def own_files(path: str) -> None:
     under umask 0). A hard link (into another database) or another owner is refused; a mode
     left open by an older build is narrowed.
     """
-    with contextlib.suppress(FileExistsError):
+    try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
+    else:
+        fsync_parent(path)  # the index's name is as durable as the entries it records
     for name in (path, path + "-wal", path + "-shm"):
         try:
             fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)

@@ -1,0 +1,205 @@
+"""Where the items of a large array lie, so a part of it is found without scanning it all.
+
+When the writer streamed a long array in slices it recorded each slice's byte range (a
+:class:`Span`). That record lives in the index, outside the digest, so it is only ever a
+hint: it is used after these checks against the bytes, and ignored when any fails.
+
+- The array's position: the top-level array spans the whole document; a field's array is
+  replaced by a placeholder found nowhere else and the outer object is decoded: the field's
+  value must be that placeholder, so the span is exactly the field's value, not text inside a
+  string or another field.
+- The slices tile the array with one comma between them, and each ``[`` + slice + ``]``
+  decodes as a list. A JSON parser is in the same state after ``[`` as at the array's first
+  item, so a slice that decodes on its own holds whole items (a cut inside a string or a
+  nested value leaves it unbalanced; a cut inside a number is impossible next to a comma).
+
+Each slice is about a megabyte, decoded as ``list[Raw]`` (about a millisecond), with the
+caller's checkpoint in between, so the event loop never waits on a long scan. Item counts per
+slice are a pure function of the bytes and the span, so they are remembered per digest.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import overload
+
+import msgspec
+from msgspec import Raw
+
+from ._canonical import Span
+from ._slices import _tiles
+
+__all__ = ["BigArray", "Node", "RootObject", "index_document", "remember"]
+
+_LIST = msgspec.json.Decoder(list[Raw])
+_DICT = msgspec.json.Decoder(dict[str, Raw])
+_PLACEHOLDER = 7_355_608_000_000_000_000  # an int64 no canonical writer puts next to "["
+_COUNTS: collections.OrderedDict[tuple[str, Span], tuple[int, ...]] = collections.OrderedDict()
+_COUNTS_LOCK = threading.Lock()
+_COUNTS_KEPT = 64
+
+
+@dataclass(slots=True)
+class BigArray:
+    """A checked array inside the document: its slices and the items before each slice's end."""
+
+    view: memoryview
+    start: int
+    end: int
+    slices: tuple[tuple[int, int], ...]
+    ends: tuple[int, ...]
+    _cached: tuple[int, list[Raw]] = field(default=(-1, []))
+
+    @property
+    def size(self) -> int:
+        """The array's size in bytes."""
+        return self.end - self.start
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def raw_bytes(self) -> bytes:
+        """The array's JSON (only ever asked for when it fits a part)."""
+        return bytes(self.view[self.start : self.end])
+
+    def items(self) -> _Items:
+        """The items as a sequence that decodes one slice at a time."""
+        return _Items(self)
+
+    def item(self, index: int) -> Raw:
+        """Item ``index``, decoding only the slice that holds it."""
+        k = bisect.bisect_right(self.ends, index)
+        if self._cached[0] != k:
+            a, b = self.slices[k]
+            self._cached = (k, _LIST.decode(b"".join((b"[", self.view[a:b], b"]"))))
+        return self._cached[1][index - (self.ends[k - 1] if k else 0)]
+
+
+class _Items(Sequence[Raw]):
+    def __init__(self, array: BigArray) -> None:
+        self._array = array
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    @overload
+    def __getitem__(self, index: int) -> Raw: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Raw]: ...
+    def __getitem__(self, index: int | slice) -> Raw | Sequence[Raw]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._array.item(index)
+
+
+@dataclass(frozen=True, slots=True)
+class RootObject:
+    """The top-level object, its large array fields as :class:`BigArray`, the rest as Raw."""
+
+    members: dict[str, Raw | BigArray]
+    size: int
+
+
+Node = bytes | memoryview | Raw | BigArray | RootObject
+
+
+async def index_document(
+    data: bytes, spans: Sequence[Span], hex_digest: str, checkpoint: Callable[[], Awaitable[None]]
+) -> Node:
+    """The document as a node whose large arrays can be read in slices, or ``data`` itself.
+
+    ``data`` may still be unverified: nothing learned from it is remembered until
+    :func:`remember` is called for its digest.
+    """
+    if not spans:
+        return data
+    view = memoryview(data)
+    arrays: list[BigArray] = []
+    for span in spans:
+        if not _tiles(data, span):
+            return data
+        ends = await _item_ends(view, span, hex_digest, checkpoint)
+        if ends is None:
+            return data
+        arrays.append(BigArray(view, span.start, span.end, span.slices, ends))
+    if len(spans) == 1 and spans[0].field is None:
+        whole = spans[0].start == 0 and spans[0].end == len(data)
+        return arrays[0] if whole else data
+    root = _root_object(data, spans, arrays)
+    return data if root is None else root
+
+
+async def _item_ends(
+    view: memoryview, span: Span, hex_digest: str, checkpoint: Callable[[], Awaitable[None]]
+) -> tuple[int, ...] | None:
+    with _COUNTS_LOCK:
+        known = _COUNTS.get((hex_digest, span))
+    if known is not None:
+        return known
+    ends: list[int] = []
+    total = 0
+    for a, b in span.slices:
+        try:
+            total += len(_LIST.decode(b"".join((b"[", view[a:b], b"]"))))
+        except msgspec.DecodeError:
+            return None
+        ends.append(total)
+        await checkpoint()
+    return tuple(ends)
+
+
+def remember(hex_digest: str, node: Node) -> None:
+    """Keep the item counts learned from bytes that have now verified against ``hex_digest``."""
+    arrays = [node] if isinstance(node, BigArray) else []
+    if isinstance(node, RootObject):
+        arrays = [m for m in node.members.values() if isinstance(m, BigArray)]
+    with _COUNTS_LOCK:
+        for array in arrays:
+            key = (hex_digest, _span_of(array, node))
+            _COUNTS[key] = array.ends
+            _COUNTS.move_to_end(key)
+        while len(_COUNTS) > _COUNTS_KEPT:
+            _COUNTS.popitem(last=False)
+
+
+def _span_of(array: BigArray, node: Node) -> Span:
+    name = None
+    if isinstance(node, RootObject):
+        name = next(k for k, v in node.members.items() if v is array)
+    return Span(name, array.start, array.end, array.slices)
+
+
+def _root_object(data: bytes, spans: Sequence[Span], arrays: list[BigArray]) -> RootObject | None:
+    ordered = sorted(zip(spans, arrays, strict=True), key=lambda pair: pair[0].start)
+    parts: list[bytes | memoryview] = []
+    view = memoryview(data)
+    position = 0
+    placeholders: dict[str, tuple[bytes, BigArray]] = {}
+    for i, (span, array) in enumerate(ordered):
+        if span.field is None or span.start < position or span.field in placeholders:
+            return None
+        placeholder = b"[%d]" % (_PLACEHOLDER + i)
+        placeholders[span.field] = (placeholder, array)
+        parts += [view[position : span.start], placeholder]
+        position = span.end
+    parts.append(view[position:])
+    outer = b"".join(parts)
+    try:
+        decoded = _DICT.decode(outer)
+    except msgspec.DecodeError:
+        return None
+    members: dict[str, Raw | BigArray] = dict(decoded)
+    for name, (placeholder, array) in placeholders.items():
+        # Found once in the outer bytes and read back as the field's value: the span is
+        # exactly that value (not text inside a string, not another field).
+        value = decoded.get(name)
+        if outer.count(placeholder) != 1 or value is None or bytes(value) != placeholder:
+            return None
+        members[name] = array
+    return RootObject(members=members, size=len(data))

@@ -1,0 +1,95 @@
+"""``response_compaction_read_part``: a bounded, verified part of an exact value.
+
+The thin I/O shell around :mod:`._part`: the store hands over the entry's bytes only after
+they hash to the digest the reference names, and the part is cut from those bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import anyio.lowlevel
+import msgspec
+
+from ._canonical import Span
+from ._models import Broken, Found, Missing
+from ._part import Part, check_request, parse_pointer, part_of
+from ._part_index import Node, index_document, remember
+from ._refs import MalformedRefError, parse_exact_ref
+from ._store import open_store
+from ._store._fileio import current_backend
+from ._store._partial import get_checked
+
+__all__ = ["response_compaction_read_part"]
+
+#: Parts of documents up to this size are cut on the event loop, of larger ones in a worker
+#: thread.
+INLINE_BYTES = 1 << 20
+
+
+async def response_compaction_read_part(
+    harness: Any,
+    exact_ref: str,
+    *,
+    pointer: str = "",
+    start: int | None = None,
+    stop: int | None = None,
+    max_bytes: int = 65536,
+) -> Found[Part] | Missing | Broken:
+    """Read a bounded part of an exact value: the node at ``pointer``, window ``[start, stop)``.
+
+    Verified like :func:`response_compaction_read_exact`: ``Found(Part)`` only from bytes
+    that hash to the digest in ``exact_ref``; ``Missing()`` when never stored, expired or
+    evicted; ``Broken(detail)`` for a malformed reference or bytes that do not verify. The
+    part's ``json`` is never more than ``max_bytes`` UTF-8 bytes; see :class:`Part` for how
+    arrays and objects are windowed, outlined when not even one item fits, and strings cut.
+
+    Raises ``ValueError`` for a malformed pointer, a negative ``start``/``stop`` or
+    ``max_bytes < 256`` (before any I/O), and ``LookupError`` when the pointer names nothing
+    in the value. A read counts as a use of the entry.
+    """
+    parse_pointer(pointer)
+    check_request(start, stop, max_bytes)
+    try:
+        parsed = parse_exact_ref(exact_ref)
+    except MalformedRefError as error:
+        return Broken(detail=str(error))
+    store = await open_store(harness.fs)
+
+    async def work(data: bytes, spans: tuple[Span, ...]) -> tuple[Node | None, Part]:
+        node = await index_document(data, spans, parsed.hex, anyio.lowlevel.checkpoint)
+
+        def cut() -> Part:
+            return part_of(node, pointer, start=start, stop=stop, max_bytes=max_bytes)
+
+        # Without a usable layout a large node is scanned by msgspec in one call, which holds
+        # the GIL; in a worker thread the loop at least runs between such calls.
+        inline = len(data) <= INLINE_BYTES
+        return node, (cut() if inline else await current_backend().run(cut))
+
+    try:
+        result = await get_checked(
+            store,
+            "exact",
+            parsed.hex,
+            work,
+            whole_work=functools.partial(
+                _part_with_node, pointer=pointer, start=start, stop=stop, max_bytes=max_bytes
+            ),
+        )
+    except msgspec.DecodeError as exc:
+        return Broken(detail=f"exact entry does not verify: not JSON ({exc})")
+    if isinstance(result, Missing | Broken):
+        return result
+    node, part = result
+    if node is not None:
+        remember(parsed.hex, node)  # only now: the bytes it was learned from verified
+    return Found(value=part)
+
+
+def _part_with_node(
+    data: bytes, *, pointer: str, start: int | None, stop: int | None, max_bytes: int
+) -> tuple[Node | None, Part]:
+    """For a worker process: the part, and no node (a node holds the whole document)."""
+    return None, part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)
