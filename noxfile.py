@@ -9,6 +9,8 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests", "lint"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
+#: Every optional extra: the tests exercise each adapter, and mypy checks them.
+EXTRAS = "[mcp,pydantic,openai-agents,pydantic-ai,langchain]"
 
 
 def _install(session: nox.Session, *groups: str, extras: str = "") -> None:
@@ -21,14 +23,14 @@ def _install(session: nox.Session, *groups: str, extras: str = "") -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite; every async test runs on asyncio and on trio."""
-    _install(session, "test", extras="[mcp]")
+    _install(session, "test", extras=EXTRAS)
     session.run("pytest", *session.posargs)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """Ruff (lint and format check), mypy --strict, and the size limits (modules, functions)."""
-    _install(session, "lint", "bench")
+    _install(session, "lint", "bench", extras=EXTRAS)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")  # covers tests/typing_usage.py, the user's view of the API

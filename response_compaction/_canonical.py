@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from ._messages import content_free
+from ._pydantic import is_pydantic_schema, pydantic_decode, pydantic_exact_value, pydantic_plain
 from ._refusals import duplicate_key_path, first_problem, keys_may_merge, merged_key_path
 
 __all__ = [
@@ -68,7 +69,10 @@ def to_exact_value(response: Any, schema: Any) -> Any:
     taken as it is (it is validated later through its canonical bytes); anything else is
     converted from builtins. Raises ``ValueError`` saying where and how it does not fit, never
     quoting a value or a key of the response (:func:`content_free`).
+    A pydantic schema is validated by pydantic and comes back as plain data.
     """
+    if is_pydantic_schema(schema):
+        return pydantic_exact_value(response, schema)
     try:
         value, plain = _convert(response, schema)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -115,6 +119,8 @@ def _refuse_duplicate_keys(data: bytes) -> None:
 
 def decode_exact(data: bytes | memoryview, schema: Any) -> Any:
     """Decode canonical bytes against ``schema``; a content-free ``ValueError`` if not."""
+    if is_pydantic_schema(schema):
+        return pydantic_decode(data, schema)
     try:
         return _decoder(schema).decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -145,6 +151,7 @@ def iter_canonical(
     is a list, a :class:`Span` is appended for each array streamed in slices at the top level
     or as a field of a top-level struct, so a reader can decode it slice by slice.
     """
+    value = pydantic_plain(value)
     return _guarded(value, _Stream(piece_bytes, layout).value(value, top=True))
 
 

@@ -81,9 +81,9 @@ async def response_compact(
     started = time.perf_counter()
     opts = resolve_options(options, summary_schema)
     llm = harness.llm
-    # Checked before anything is stored: an unknown ladder or an inexpressible schema.
+    # Checked with or without a model, so a test on llm=None refuses what production would.
+    json_schema = strict_json_schema(summary_schema)
     routes = () if llm is None else tuple(llm.routes(opts.ladder))
-    json_schema = {} if llm is None else strict_json_schema(summary_schema)
     value = to_exact_value(exact_response, exact_schema)
     store = await open_store(harness.fs)
     head = _Head(opts.shown_bytes)

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from ._models import CompactionOptions
+from ._pydantic import is_pydantic_schema, resolve_pydantic_fallback
 
 __all__ = ["MAX_TTL_SECONDS", "resolve_options"]
 
@@ -19,6 +20,10 @@ def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[A
     Raises ``ValueError`` naming the offending key: also for integers beyond what the store
     can hold (a TTL over 100 years) and for text that is not valid Unicode.
     """
+    if is_pydantic_schema(summary_schema, "summary_schema"):
+        rest, fallback = resolve_pydantic_fallback(options, summary_schema)
+        resolved = resolve_options(rest, Any)
+        return msgspec.structs.replace(resolved, fallback=fallback)
     if isinstance(options, CompactionOptions):
         # msgspec does not validate on construction: check the fields as if they were decoded.
         data: dict[str, Any] = {f: getattr(options, f) for f in options.__struct_fields__}

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from ._errors import SchemaError
+from ._pydantic import is_pydantic_schema, pydantic_json_schema
 
 __all__ = ["schema_name", "strict_json_schema"]
 
@@ -42,16 +43,22 @@ def strict_json_schema(summary_schema: Any) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=128)
 def _strict_json_schema(summary_schema: Any) -> dict[str, Any]:
+    pydantic = is_pydantic_schema(summary_schema, "summary_schema")  # ValueError: no extra
     try:
-        raw = msgspec.json.schema(summary_schema)
+        if pydantic:
+            raw = pydantic_json_schema(summary_schema)
+        else:
+            raw = msgspec.json.schema(summary_schema)
     except (TypeError, ValueError) as exc:
-        raise SchemaError(f"summary_schema is not a msgspec type: {exc}") from None
+        raise SchemaError(
+            f"summary_schema is not a msgspec type (nor a pydantic model): {exc}"
+        ) from None
     defs: dict[str, Any] = raw.get("$defs", {})
     converted: dict[str, Any] = _convert(raw, defs, (), "$")
     if converted.get("type") != "object":
         raise SchemaError(
-            "summary_schema must be an object type (a msgspec.Struct): strict structured "
-            "output needs an object at the root"
+            "summary_schema must be an object type (a msgspec.Struct or pydantic model): "
+            "strict structured output needs an object at the root"
         )
     return converted
 

@@ -21,7 +21,7 @@ import msgspec
 import sniffio
 from msgspec import UNSET, UnsetType
 
-from ._canonical import canonical_bytes
+from ._canonical import canonical_bytes, decode_exact
 from ._errors import StoreError
 from ._models import Attempt, AttemptOutcome, CompactionOptions, FallbackReason, Found
 from ._refs import summary_key
@@ -136,7 +136,6 @@ async def _run_ladder(
     summary_schema: Any,
     deadline: float,
 ) -> _LadderResult:
-    decoder = msgspec.json.Decoder(summary_schema)
     attempts: list[Attempt] = []
     route, started = "", 0.0
     reason: FallbackReason = "error"
@@ -151,9 +150,9 @@ async def _run_ladder(
                 outcome: AttemptOutcome = reply.outcome
                 value = None
                 if outcome == "ok":
-                    try:
-                        value = decoder.decode(reply.text or "")
-                    except (msgspec.ValidationError, msgspec.DecodeError):
+                    try:  # decode_exact: msgspec or pydantic, whichever the schema is
+                        value = decode_exact((reply.text or "").encode(), summary_schema)
+                    except ValueError:
                         outcome = "invalid"
                 attempts.append(
                     Attempt(

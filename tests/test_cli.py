@@ -17,6 +17,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import sync
+from response_compaction._cli._commands import DEFAULT_FALLBACK, DefaultSummary
 from tests.fake_openai import FakeOpenAI
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,9 +62,9 @@ def compact(root: Path, document: Any, *extra: str) -> dict[str, Any]:
 def store_in_process(root: Path, document: Any) -> str:
     """Set up an entry through the library itself (quicker than a CLI run); its exact_ref."""
     harness = rc.Harness(fs=rc.LocalWorkspace(root))
-    options = {"fallback": {}, "ladder": "unused"}
+    options = {"fallback": DEFAULT_FALLBACK, "ladder": "unused"}
     raw = msgspec.Raw(json.dumps(document).encode())
-    return sync.response_compact(harness, raw, Any, dict, options).receipt.exact_ref
+    return sync.response_compact(harness, raw, Any, DefaultSummary, options).receipt.exact_ref
 
 
 def big_document(rows: int = 2000) -> dict[str, Any]:

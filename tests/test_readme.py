@@ -19,7 +19,17 @@ PRINT_WITH_COMMENT = re.compile(r"^\s*print\(.*\)\s+# (.+)$")
 
 
 def block_id(code: str) -> str:
-    for name in ("read_part", "OpenAICatalog", "MCPServer", "sync.", "asyncio.run"):
+    for name in (
+        "read_part",
+        "openai_agents",
+        "pydantic_ai",
+        "integrations.langchain",
+        "BaseModel",
+        "OpenAICatalog",
+        "MCPServer",
+        "sync.",
+        "asyncio.run",
+    ):
         if name in code:
             return name.strip(".").replace(".", "_").lower()
     return "block"
@@ -36,10 +46,19 @@ def expected_lines(code: str) -> list[str | None]:
 
 
 def test_readme_has_the_examples_it_promises() -> None:
-    """The README holds an asyncio quickstart, a blocking one, a model example, the agent loop
-    and MCP."""
+    """The README holds its quickstarts, model, agent loop, MCP, pydantic and framework blocks."""
     assert sorted(block_id(code) for code in BLOCKS) == sorted(
-        ["asyncio_run", "sync", "openaicatalog", "read_part", "mcpserver"]
+        [
+            "asyncio_run",
+            "read_part",
+            "sync",
+            "openaicatalog",
+            "mcpserver",
+            "basemodel",
+            "openai_agents",
+            "pydantic_ai",
+            "integrations_langchain",
+        ]
     )
 
 

@@ -180,17 +180,7 @@ def _progress(label: str, show: bool) -> Iterator[None]:
 
 async def _compact(args: argparse.Namespace) -> int:
     data: bytes = args.data
-    options: dict[str, Any] = {"fallback": args.fallback, "ladder": args.ladder}
-    for key, attr in (
-        ("summarize_above_bytes", "above"),
-        ("instructions", "instructions"),
-        ("timeout_ms", "timeout_ms"),
-        ("ttl_seconds", "ttl"),
-        ("max_entries", "max_entries"),
-        ("token_bound", "token_bound"),
-    ):
-        if getattr(args, attr) is not None:
-            options[key] = getattr(args, attr)
+    options = _options(args, args.fallback)
     model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
     show = len(data) >= PROGRESS_BYTES and sys.stderr.isatty()
     async with model.catalog() as llm:
@@ -202,6 +192,22 @@ async def _compact(args: argparse.Namespace) -> int:
         note(f"no model configured, so the fallback was returned ({model.why_not})")
     _emit(compacted)
     return EXIT_OK
+
+
+def _options(args: argparse.Namespace, fallback: Any) -> dict[str, Any]:
+    """Compaction options from the flags ``compact`` and ``proxy`` share."""
+    options: dict[str, Any] = {"fallback": fallback, "ladder": args.ladder}
+    for key, attr in (
+        ("summarize_above_bytes", "above"),
+        ("instructions", "instructions"),
+        ("timeout_ms", "timeout_ms"),
+        ("ttl_seconds", "ttl"),
+        ("max_entries", "max_entries"),
+        ("token_bound", "token_bound"),
+    ):
+        if getattr(args, attr) is not None:
+            options[key] = getattr(args, attr)
+    return options
 
 
 async def _read(args: argparse.Namespace) -> int:
@@ -288,6 +294,24 @@ async def _mcp(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _proxy(args: argparse.Namespace) -> int:
+    from .._proxy import ProxyConfig, serve_proxy  # imported here: the mcp extra is optional
+
+    if not args.upstream:
+        raise ValueError("proxy needs the upstream server's command after --: proxy -- CMD")
+    model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
+    async with model.catalog() as llm:
+        config = ProxyConfig(
+            harness=_harness(args, llm),
+            options=_options(args, DEFAULT_FALLBACK),
+            summary_schema=DefaultSummary,
+            max_bytes=args.max_bytes,
+            text_bytes=args.text_bytes,
+        )
+        await serve_proxy(args.upstream[0], args.upstream[1:], config)
+    return EXIT_OK
+
+
 async def _demo(args: argparse.Namespace) -> int:
     from ._demo import run  # imported here: only the demo needs the generator and its timers
 
@@ -302,6 +326,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
     "verify": _verify,
     "prune": _prune,
     "mcp": _mcp,
+    "proxy": _proxy,
     "demo": _demo,
 }
 

@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compact(sub, [root, schema, model])
     _add_read_and_mcp(sub, root, schema)
     _add_verify_and_prune(sub, root)
+    _add_proxy(sub, [root, model])
     _add_demo(sub, model)
     return parser
 
@@ -254,6 +255,48 @@ def _add_read_and_mcp(
         default=100_000,
         help="the most one reply may hold, text and structured content together "
         "(default: %(default)s)",
+    )
+
+
+def _add_proxy(sub: _Sub, parents: list[_Parser]) -> None:
+    proxy = sub.add_parser(
+        "proxy",
+        parents=parents,
+        help="serve an MCP proxy that compacts a stdio MCP server's large results",
+        usage="%(prog)s [options] -- CMD [ARGS...]",
+        description=(
+            "Start CMD as a stdio MCP server and serve its tools on stdin/stdout. Results above "
+            "--above bytes are stored exactly and replaced by a short text with the summary "
+            "(or fallback) and an exact_ref; the added read_exact tool reads them back in "
+            "parts of at most --max-bytes. Needs the mcp extra."
+        ),
+    )
+    proxy.add_argument("upstream", nargs="*", metavar="CMD", help="upstream server command")
+    proxy.add_argument(
+        "--above",
+        metavar="BYTES",
+        type=_positive,
+        help="compact results above this many bytes "
+        f"(default: {DEFAULTS['summarize_above_bytes']})",
+    )
+    proxy.add_argument("--instructions", metavar="TEXT", help="what summaries should focus on")
+    proxy.add_argument(
+        "--ladder", metavar="NAME", default="default", help="ladder name (default: %(default)s)"
+    )
+    _add_budget_options(proxy)
+    proxy.add_argument(
+        "--max-bytes",
+        metavar="N",
+        type=_positive,
+        default=100_000,
+        help="cap on every read_exact reply (default: %(default)s)",
+    )
+    proxy.add_argument(
+        "--text-bytes",
+        metavar="N",
+        type=_positive,
+        default=16_000,
+        help="cap on the text that replaces a compacted result (default: %(default)s)",
     )
 
 

@@ -1,0 +1,160 @@
+"""A compacting MCP proxy: ``response-compaction proxy [options] -- CMD [ARGS...]``.
+
+The proxy is an MCP server on stdio. It starts ``CMD`` as a stdio MCP server (the SDK's own
+client), lists its tools, forwards every call, and hands back results as they came unless
+their text or structured content is larger than ``summarize_above_bytes``: those are
+compacted with :func:`response_compact` and replaced by :meth:`Compacted.to_agent_text`. The
+proxy adds one tool, ``read_exact`` (from :mod:`response_compaction.mcp`), to read the exact
+value back in bounded parts.
+
+What passes through unchanged: results at or under the threshold, error results
+(``isError``), JSON-RPC errors from the upstream server, and non-text content blocks.
+What changes: a tool's ``outputSchema`` is not listed, because a compacted result carries
+text in place of structured content and a host would reject it against the schema.
+
+Memory: a call holds its one upstream result while it is compacted, and drops it before it
+answers; nothing is buffered across calls.
+
+::
+
+    proxy  <--stdio-->  host          (this process is the host's MCP server)
+    proxy  <--stdio-->  CMD [ARGS]    (the upstream server, started by the proxy)
+    proxy  <--memory--> read_exact    (mcp.create_server on the same harness)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ._compact import response_compact
+from ._options import resolve_options
+from .mcp import _import_mcp, create_server
+
+__all__ = ["ProxyConfig", "compact_tool_result", "open_proxy", "serve_proxy"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProxyConfig:
+    """How the proxy compacts: given once, used for every call.
+
+    ``options`` is a :class:`CompactionOptions` or a mapping (``summarize_above_bytes`` is the
+    threshold); ``summary_schema`` is what a model summary must fill in. ``text_bytes`` bounds
+    the text the host's model sees for a compacted result; ``max_bytes`` caps every
+    ``read_exact`` reply.
+    """
+
+    harness: Any
+    options: Any
+    summary_schema: Any
+    read_tool: str = "read_exact"
+    text_bytes: int = 16000
+    max_bytes: int = 100_000
+    env: Mapping[str, str] | None = field(default=None)
+
+
+async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
+    """``result`` (an MCP ``CallToolResult``) as it is, or compacted when it is too large.
+
+    Size is the text blocks' UTF-8 bytes plus the structured content's JSON bytes. What is
+    retained is the text: a block that is JSON as its value, any other text as a JSON string
+    (several blocks: a list). Structured content is retained instead when there is no text,
+    and beside it (``{"content": ..., "structured_content": ...}``) when the text is not its
+    serialization. Non-text blocks stay in the reply.
+    """
+    types = _import_mcp("mcp.types")
+    opts = resolve_options(config.options, config.summary_schema)
+    if result.is_error:
+        return result
+    texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+    structured = result.structured_content
+    size = sum(len(text.encode()) for text in texts)
+    if structured is not None:
+        size += len(msgspec.json.encode(structured))
+    if size <= opts.summarize_above_bytes:
+        return result
+    try:
+        value = _retained(texts, structured, parse=True)
+        compacted = await response_compact(config.harness, value, Any, config.summary_schema, opts)
+    except ValueError:
+        # Canonical JSON refuses what the text decodes to (1e999 is infinity): keep it as text.
+        value = _retained(texts, structured, parse=False)
+        compacted = await response_compact(config.harness, value, Any, config.summary_schema, opts)
+    del value
+    text = compacted.to_agent_text(read_tool=config.read_tool, max_bytes=config.text_bytes)
+    others = [block for block in result.content if not isinstance(block, types.TextContent)]
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text), *others],
+        is_error=False,
+        _meta=result.meta,
+    )
+
+
+def _retained(texts: list[str], structured: Any, *, parse: bool) -> Any:
+    if not texts:
+        return structured
+    values = [_json_or_string(text) if parse else text for text in texts]
+    text_value = values[0] if len(values) == 1 else values
+    # MCP servers send structured content with its serialization as text (mcp's MCPServer
+    # wraps a non-object return as {"result": text}): the text alone is then the whole value.
+    if structured is None or structured == text_value or structured == {"result": texts[0]}:
+        return text_value
+    return {"content": text_value, "structured_content": structured}
+
+
+def _json_or_string(text: str) -> Any:
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text
+
+
+@contextlib.asynccontextmanager
+async def open_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> AsyncIterator[Any]:
+    """Start ``command`` and yield the proxy's low-level MCP ``Server`` (not yet serving)."""
+    mcp = _import_mcp("mcp")
+    types = _import_mcp("mcp.types")
+    lowlevel = _import_mcp("mcp.server.lowlevel")
+    resolve_options(config.options, config.summary_schema)  # bad options: fail before starting
+    env = dict(os.environ if config.env is None else config.env)
+    params = mcp.StdioServerParameters(command=command, args=list(args), env=env)
+    reader_server = create_server(config.harness, max_bytes=config.max_bytes)
+    async with mcp.Client(params) as upstream, mcp.Client(reader_server) as reader:
+        read_tools = [
+            tool.model_copy(update={"name": config.read_tool})
+            for tool in (await reader.list_tools()).tools
+            if tool.name == "read_exact"
+        ]
+
+        async def on_list_tools(ctx: Any, params: Any) -> Any:
+            page = await upstream.list_tools(cursor=params.cursor if params else None)
+            tools = [tool.model_copy(update={"output_schema": None}) for tool in page.tools]
+            if page.next_cursor is None:
+                tools += read_tools
+            return types.ListToolsResult(tools=tools, next_cursor=page.next_cursor)
+
+        async def on_call_tool(ctx: Any, params: Any) -> Any:
+            if params.name == config.read_tool:
+                return await reader.call_tool("read_exact", params.arguments)
+            result = await upstream.call_tool(params.name, params.arguments)
+            return await compact_tool_result(result, config)
+
+        info = upstream.server_info
+        yield lowlevel.Server(
+            f"{info.name if info else 'upstream'} (compacted)",
+            instructions=upstream.instructions,
+            on_list_tools=on_list_tools,
+            on_call_tool=on_call_tool,
+        )
+
+
+async def serve_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> None:
+    """Serve the proxy on stdin/stdout until the host hangs up; the upstream stops with it."""
+    stdio = _import_mcp("mcp.server.stdio")
+    async with open_proxy(command, args, config) as server, stdio.stdio_server() as streams:
+        await server.run(*streams, server.create_initialization_options())

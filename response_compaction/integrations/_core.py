@@ -1,0 +1,186 @@
+"""What every framework adapter shares: the compacting wrapper and the read-back function.
+
+Pure glue over the two public coroutines (:func:`response_compact` and
+:func:`response_compaction_read_part`); the framework modules only turn these plain functions
+into their own tool types.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from .. import sync
+from .._compact import response_compact
+from .._pydantic import pydantic_plain
+from .._read import response_compaction_read_part
+from ..mcp import read_result_as_dict
+
+__all__ = ["READ_EXACT_DESCRIPTION", "AgentSummary", "Compactor"]
+
+READ_EXACT_DESCRIPTION = (
+    "Read back part of the exact JSON value behind an exact_ref (from a compacted tool "
+    "result). pointer: RFC 6901 path into the value ('' = the whole value, '/rows/0' = the "
+    "first row); start/stop: a window of array items, object members or string characters; "
+    "max_bytes: the most JSON to return. The answer is JSON: state 'found' with a part (value, "
+    "complete, total_items, next_start: call again with start=next_start for more); "
+    "'missing' when it expired; 'broken' or 'error' with a detail."
+)
+
+
+class AgentSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """The summary schema used unless the :class:`Compactor` is given another."""
+
+    overview: str
+    critical_facts: list[str]
+
+
+_FALLBACK = AgentSummary(
+    overview="The tool result was too large to show; it is kept exactly. Read it by exact_ref.",
+    critical_facts=[],
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compactor:
+    """The harness and compaction options, given once for every tool of an agent.
+
+    ``options`` is a :class:`~response_compaction.CompactionOptions` or a mapping; left out,
+    results above 32000 bytes get the :class:`AgentSummary` fallback with the ``default``
+    ladder. ``text_bytes`` bounds the text a tool returns to the model; ``max_bytes`` caps
+    every read-back. ``read_tool`` is the read-back tool's name, which the text tells the
+    model to call.
+    """
+
+    harness: Any
+    options: Any = field(default_factory=lambda: {"fallback": _FALLBACK, "ladder": "default"})
+    exact_schema: Any = Any
+    summary_schema: Any = AgentSummary
+    read_tool: str = "read_exact"
+    text_bytes: int = 16000
+    max_bytes: int = 65536
+
+    async def compact(self, result: Any) -> str:
+        """Retain ``result`` exactly and return the bounded text for the model."""
+        compacted = await response_compact(
+            self.harness, _exact(result), self.exact_schema, self.summary_schema, self.options
+        )
+        return compacted.to_agent_text(read_tool=self.read_tool, max_bytes=self.text_bytes)
+
+    def compact_sync(self, result: Any) -> str:
+        """:meth:`compact` for tools a framework runs in worker threads (no event loop)."""
+        # A fresh context: asyncio.to_thread copies sniffio's "asyncio" marker into the worker
+        # thread, and the facade would take that for a running loop and refuse.
+        compacted = contextvars.Context().run(
+            sync.response_compact,
+            self.harness,
+            _exact(result),
+            self.exact_schema,
+            self.summary_schema,
+            self.options,
+        )
+        return compacted.to_agent_text(read_tool=self.read_tool, max_bytes=self.text_bytes)
+
+    def wrap(self, tool: Callable[..., Any]) -> Callable[..., Any]:
+        """``tool`` with its signature and docstring, returning the compacted text.
+
+        A coroutine function stays one; a plain function calls the blocking facade, so the
+        framework must run it in a worker thread (they all do for sync tools).
+        """
+        if inspect.iscoroutinefunction(tool):
+
+            @functools.wraps(tool)
+            async def run_async(*args: Any, **kwargs: Any) -> str:
+                return await self.compact(await tool(*args, **kwargs))
+
+            wrapper: Callable[..., Any] = run_async
+        else:
+
+            @functools.wraps(tool)
+            def run_sync(*args: Any, **kwargs: Any) -> str:
+                return self.compact_sync(tool(*args, **kwargs))
+
+            wrapper = run_sync
+        # wraps() shares the annotations dict: give the wrapper its own, returning str.
+        wrapper.__annotations__ = {**getattr(tool, "__annotations__", {}), "return": str}
+        return wrapper
+
+    async def read(
+        self,
+        exact_ref: str,
+        pointer: str = "",
+        start: int | None = None,
+        stop: int | None = None,
+        max_bytes: int | None = None,
+    ) -> str:
+        """The read-back tool's body: a bounded part as JSON text, never more than the cap."""
+        try:
+            result = await response_compaction_read_part(
+                self.harness, exact_ref, **self._window(pointer, start, stop, max_bytes)
+            )
+        except (LookupError, ValueError) as exc:  # content-free by contract
+            return _json({"state": "error", "detail": str(exc)})
+        return _json(read_result_as_dict(result))
+
+    def read_sync(
+        self,
+        exact_ref: str,
+        pointer: str = "",
+        start: int | None = None,
+        stop: int | None = None,
+        max_bytes: int | None = None,
+    ) -> str:
+        """:meth:`read` for a worker thread, through the blocking facade."""
+        read = functools.partial(
+            sync.response_compaction_read_part,
+            self.harness,
+            exact_ref,
+            **self._window(pointer, start, stop, max_bytes),
+        )
+        try:
+            result = contextvars.Context().run(read)  # a fresh context: see compact_sync
+        except (LookupError, ValueError) as exc:
+            return _json({"state": "error", "detail": str(exc)})
+        return _json(read_result_as_dict(result))
+
+    def _window(
+        self, pointer: str, start: int | None, stop: int | None, max_bytes: int | None
+    ) -> dict[str, Any]:
+        cap = self.max_bytes if max_bytes is None else max(256, min(max_bytes, self.max_bytes))
+        return {"pointer": pointer, "start": start, "stop": stop, "max_bytes": cap}
+
+    def read_function(self) -> Callable[..., Any]:
+        """:meth:`read` as a coroutine function named ``read_tool``, documented for a model."""
+
+        async def read_exact(
+            exact_ref: str,
+            pointer: str = "",
+            start: int | None = None,
+            stop: int | None = None,
+            max_bytes: int | None = None,
+        ) -> str:
+            return await self.read(exact_ref, pointer, start, stop, max_bytes)
+
+        read_exact.__name__ = read_exact.__qualname__ = self.read_tool
+        read_exact.__doc__ = READ_EXACT_DESCRIPTION
+        return read_exact
+
+
+def _exact(result: Any) -> Any:
+    # Tools often return JSON as a string: retain the value it holds, else the string itself.
+    if isinstance(result, str | bytes):
+        try:
+            return msgspec.json.decode(result)
+        except msgspec.DecodeError:
+            return result if isinstance(result, str) else result.decode("utf-8", "replace")
+    return pydantic_plain(result)
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode()

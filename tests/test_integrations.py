@@ -1,0 +1,338 @@
+"""Framework adapters end to end on each framework's own test model (no network).
+
+Each agent calls a tool whose result is about 20 MB of JSON, receives the compacted text,
+reads ``/records/97`` back with the read-back tool, and finishes with what it read. The
+frameworks run on asyncio only: the OpenAI Agents SDK, Pydantic AI and LangChain all need it
+(Pydantic AI under trio fails with "no running event loop"). A framework that cannot be
+installed on this Python skips its tests; CI installs every extra (noxfile ``EXTRAS``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import response_compaction as rc
+from response_compaction.integrations import Compactor
+from tests._store_support import entry_files, store_root
+
+pytestmark = pytest.mark.anyio
+
+REF = re.compile(r"rc1:[0-9a-f]{64}")
+BIG_RECORDS = 140_000  # about 20 MB of canonical JSON
+RECORD_97 = {"id": 97, "name": "record 97", "body": "00000097" + "x" * 90}
+asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+
+@functools.cache
+def records(count: int = BIG_RECORDS) -> dict[str, Any]:
+    return {
+        "records": [
+            {"id": i, "name": f"record {i}", "body": f"{i:08d}" + "x" * 90} for i in range(count)
+        ]
+    }
+
+
+def next_step(outputs: list[str], tool: str = "big_records") -> tuple[str, Any]:
+    """The scripted agent: call ``tool``, read /records/97 by the ref it got, answer with it."""
+    if not outputs:
+        return "call", (tool, {})
+    if len(outputs) == 1:
+        match = REF.search(outputs[0])
+        assert match is not None, outputs[0][:500]
+        return "call", ("read_exact", {"exact_ref": match.group(0), "pointer": "/records/97"})
+    return "final", outputs[1]
+
+
+def check_answer(tool_text: str, answer: str) -> None:
+    assert len(tool_text.encode()) <= 16000
+    assert "kind: fallback" in tool_text
+    read = msgspec.json.decode(answer)
+    assert read["state"] == "found"
+    assert read["part"]["value"] == RECORD_97
+
+
+@pytest.fixture
+def compactor(tmp_path: Path) -> Compactor:
+    return Compactor(harness=rc.Harness(fs=rc.LocalWorkspace(tmp_path)))
+
+
+# --------------------------------------------------------------------------- OpenAI Agents SDK
+
+
+def agents_model(tool: str) -> Any:
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+    def respond(call: Any) -> Any:
+        outputs = [i["output"] for i in call.input if i.get("type") == "function_call_output"]
+        kind, what = next_step(outputs, tool)
+        if kind == "final":
+            return ModelStep(output=[assistant_message(what)])
+        name, args = what
+        return ModelStep(output=[function_call(name, args, call_id=f"call-{len(outputs)}")])
+
+    return ScriptedModel([ModelStep.respond(respond) for _ in range(3)])
+
+
+async def run_agents(tool: Any, compactor: Compactor) -> tuple[str, str]:
+    from agents import Agent, RunConfig, Runner
+
+    from response_compaction.integrations.openai_agents import read_exact_tool
+
+    model = agents_model(tool.name)
+    agent = Agent(name="reader", model=model, tools=[tool, read_exact_tool(compactor)])
+    result = await Runner.run(agent, "find record 97", run_config=RunConfig(tracing_disabled=True))
+    model.assert_complete()
+    items: list[Any] = result.to_input_list()
+    outputs = [i for i in items if i.get("type") == "function_call_output"]
+    return str(outputs[0]["output"]), str(result.final_output)
+
+
+@asyncio_only
+async def test_openai_agents_async_tool(compactor: Compactor) -> None:
+    """openai-agents: a 20 MB coroutine tool result is compacted and /records/97 read back."""
+    pytest.importorskip("agents")
+    from response_compaction.integrations.openai_agents import compacted_tool
+
+    @compacted_tool(compactor)
+    async def big_records() -> dict[str, Any]:
+        """Every record."""
+        return records()
+
+    check_answer(*await run_agents(big_records, compactor))
+
+
+@asyncio_only
+async def test_openai_agents_sync_tool_runs_in_a_thread(compactor: Compactor) -> None:
+    """openai-agents: a plain-function tool compacts through the blocking facade in its thread."""
+    pytest.importorskip("agents")
+    from response_compaction.integrations.openai_agents import compacted_tool
+
+    def big_records() -> str:
+        """Every record, as JSON text."""
+        return msgspec.json.encode(records(3000)).decode()
+
+    tool = compacted_tool(compactor, big_records, name_override="big_records")
+    tool_text, answer = await run_agents(tool, compactor)
+    assert "kind: exact" not in tool_text
+    assert msgspec.json.decode(answer)["part"]["value"] == RECORD_97
+
+
+# --------------------------------------------------------------------------- Pydantic AI
+
+
+def pydantic_ai_model(tool: str) -> Any:
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    def respond(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        parts = [p for m in messages for p in getattr(m, "parts", [])]
+        outputs = [str(p.content) for p in parts if isinstance(p, ToolReturnPart)]
+        kind, what = next_step(outputs, tool)
+        if kind == "final":
+            return ModelResponse(parts=[TextPart(what)])
+        return ModelResponse(parts=[ToolCallPart(*what)])
+
+    return FunctionModel(respond)
+
+
+async def run_pydantic_ai(tool: Any, compactor: Compactor) -> tuple[str, str]:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ToolReturnPart
+
+    from response_compaction.integrations.pydantic_ai import read_exact_tool
+
+    agent = Agent(pydantic_ai_model(tool.name), tools=[tool, read_exact_tool(compactor)])
+    result = await agent.run("find record 97")
+    parts = [p for m in result.all_messages() for p in getattr(m, "parts", [])]
+    returns = [p for p in parts if isinstance(p, ToolReturnPart)]
+    return str(returns[0].content), str(result.output)
+
+
+@asyncio_only
+async def test_pydantic_ai_async_tool(compactor: Compactor) -> None:
+    """pydantic-ai: a 20 MB tool result (a pydantic model) is compacted and read back."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic import BaseModel
+
+    from response_compaction.integrations.pydantic_ai import compacted_tool
+
+    class Record(BaseModel):
+        id: int
+        name: str
+        body: str
+
+    class Records(BaseModel):
+        records: list[Record]
+
+    big = Records.model_validate(records())
+
+    @compacted_tool(compactor)
+    async def big_records() -> Records:
+        """Every record."""
+        return big
+
+    check_answer(*await run_pydantic_ai(big_records, compactor))
+
+
+@asyncio_only
+async def test_pydantic_ai_sync_tool_runs_in_a_thread(compactor: Compactor) -> None:
+    """pydantic-ai: a plain-function tool compacts through the blocking facade in its thread."""
+    pytest.importorskip("pydantic_ai")
+    from response_compaction.integrations.pydantic_ai import compacted_tool
+
+    def big_records() -> dict[str, Any]:
+        """Every record."""
+        return records(3000)
+
+    tool_text, answer = await run_pydantic_ai(compacted_tool(compactor, big_records), compactor)
+    assert "exact_ref: rc1:" in tool_text
+    assert msgspec.json.decode(answer)["part"]["value"] == RECORD_97
+
+
+# --------------------------------------------------------------------------- LangChain
+
+
+def langchain_model(tool: str) -> Any:
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    class ScriptedChatModel(GenericFakeChatModel):
+        """LangChain's fake chat model, answering from the conversation instead of a list."""
+
+        def bind_tools(self, tools: Any, **options: Any) -> Any:
+            return self
+
+        def _generate(self, messages: list[Any], *args: Any, **options: Any) -> ChatResult:
+            outputs = [str(m.content) for m in messages if isinstance(m, ToolMessage)]
+            kind, what = next_step(outputs, tool)
+            if kind == "final":
+                message = AIMessage(content=what)
+            else:
+                name, args_ = what
+                call = {"name": name, "args": args_, "id": f"call-{len(outputs)}"}
+                message = AIMessage(content="", tool_calls=[call])
+            return ChatResult(generations=[ChatGeneration(message=message)])
+
+    return ScriptedChatModel(messages=iter(()))
+
+
+def langchain_texts(state: dict[str, Any]) -> tuple[str, str]:
+    from langchain_core.messages import ToolMessage
+
+    tool_messages = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    return str(tool_messages[0].content), str(state["messages"][-1].content)
+
+
+@asyncio_only
+async def test_langchain_async_tool(compactor: Compactor) -> None:
+    """LangChain v1 create_agent (ainvoke): a 20 MB tool result is compacted and read back."""
+    pytest.importorskip("langchain")
+    from langchain.agents import create_agent
+
+    from response_compaction.integrations.langchain import compacted_tool, read_exact_tool
+
+    @compacted_tool(compactor)
+    async def big_records() -> dict[str, Any]:
+        """Every record."""
+        return records()
+
+    agent = create_agent(langchain_model("big_records"), [big_records, read_exact_tool(compactor)])
+    state = await agent.ainvoke({"messages": [{"role": "user", "content": "find record 97"}]})
+    check_answer(*langchain_texts(state))
+
+
+def test_langchain_middleware_on_a_sync_agent(compactor: Compactor) -> None:
+    """LangChain middleware on a sync agent (invoke): every large result compacted, read back."""
+    pytest.importorskip("langchain")
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+
+    from response_compaction.integrations.langchain import CompactionMiddleware
+
+    @tool
+    def big_records() -> dict[str, Any]:
+        """Every record."""
+        return records(3000)
+
+    middleware = CompactionMiddleware(compactor)
+    agent = create_agent(langchain_model("big_records"), [big_records], middleware=[middleware])
+    state = agent.invoke({"messages": [{"role": "user", "content": "find record 97"}]})
+    tool_text, answer = langchain_texts(state)
+    assert "exact_ref: rc1:" in tool_text
+    assert msgspec.json.decode(answer)["part"]["value"] == RECORD_97
+
+
+@asyncio_only
+async def test_langchain_middleware_passes_small_results(compactor: Compactor) -> None:
+    """The middleware leaves a result under the threshold unchanged (nothing stored)."""
+    pytest.importorskip("langchain")
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+
+    from response_compaction.integrations.langchain import CompactionMiddleware
+
+    @tool
+    async def big_records() -> str:
+        """A small answer (the scripted model then reads a ref it cannot find)."""
+        return "just this"
+
+    agent = create_agent(
+        langchain_model("big_records"), [big_records], middleware=[CompactionMiddleware(compactor)]
+    )
+    with pytest.raises(AssertionError, match="just this"):
+        await agent.ainvoke({"messages": [{"role": "user", "content": "hi"}]})
+    assert entry_files(store_root(compactor.harness.fs)) == set()
+
+
+# --------------------------------------------------------------------------- shared core
+
+
+async def test_read_back_is_capped_and_errors_are_answers(compactor: Compactor) -> None:
+    """The read-back never exceeds the cap, and a bad pointer is an answer, not an exception."""
+    small = Compactor(harness=compactor.harness, max_bytes=2000)
+    text = await small.compact(records(3000))
+    match = REF.search(text)
+    assert match is not None
+    whole = msgspec.json.decode(await small.read(match.group(0), "/records", max_bytes=10**9))
+    assert whole["state"] == "found"
+    assert len(msgspec.json.encode(whole["part"]["value"])) <= 2000
+    assert whole["part"]["next_start"] > 0
+    nothing = msgspec.json.decode(await small.read(match.group(0), pointer="/nope"))
+    assert nothing["state"] == "error"
+    missing = msgspec.json.decode(await small.read("rc1:" + "0" * 64))
+    assert missing == {"state": "missing"}
+
+
+@pytest.mark.parametrize(
+    ("module", "package", "extra"),
+    [
+        ("openai_agents", "agents", "openai-agents"),
+        ("pydantic_ai", "pydantic_ai", "pydantic-ai"),
+        ("langchain", "langchain_core", "langchain"),
+    ],
+)
+def test_missing_framework_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, compactor: Compactor, module: str, package: str, extra: str
+) -> None:
+    """Without the framework, building a tool raises ModuleNotFoundError naming the extra."""
+    for name in list(sys.modules):
+        if name == package or name.startswith(package + "."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, package, None)
+    monkeypatch.delitem(sys.modules, f"response_compaction.integrations.{module}", raising=False)
+
+    def build() -> Any:
+        adapter = importlib.import_module(f"response_compaction.integrations.{module}")
+        return adapter.read_exact_tool(compactor)
+
+    with pytest.raises(ModuleNotFoundError, match=re.escape(f"response-compaction[{extra}]")):
+        build()

@@ -1,0 +1,190 @@
+"""The compacting MCP proxy: the mcp SDK's stdio client -> proxy -> stdio test server."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp import types as mt
+from mcp.shared.exceptions import MCPError
+
+import response_compaction as rc
+from response_compaction._proxy import ProxyConfig, compact_tool_result
+from tests._store_support import entry_files, store_root
+from tests.fake_openai import FakeOpenAI
+from tests.schemas import FALLBACK, Summary
+
+pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).resolve().parent.parent
+SERVER = REPO / "tests" / "mcp_big_server.py"
+REF = re.compile(r"rc1:[0-9a-f]{64}")
+RECORD_97 = {"id": 97, "name": "record 97", "body": "00000097" + "x" * 90}
+
+
+def upstream_params() -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=[str(SERVER)])
+
+
+def proxy_params(root: Path, *options: str, **env: str) -> StdioServerParameters:
+    proxy = ["-m", "response_compaction", "proxy", "--root", str(root), *options]
+    return StdioServerParameters(
+        command=sys.executable,
+        args=[*proxy, "--", sys.executable, str(SERVER)],
+        env={"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", ""), **env},
+    )
+
+
+@asynccontextmanager
+async def proxied(root: Path, *options: str, **env: str) -> AsyncIterator[Client]:
+    async with Client(proxy_params(root, *options, **env)) as client:
+        yield client
+
+
+def only_text(result: mt.CallToolResult) -> str:
+    assert not result.is_error
+    assert len(result.content) == 1
+    block = result.content[0]
+    assert isinstance(block, mt.TextContent)
+    return block.text
+
+
+async def read_part(client: Client, ref: str, **args: Any) -> dict[str, Any]:
+    result = await client.call_tool("read_exact", {"exact_ref": ref, **args})
+    assert not result.is_error
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+async def test_two_stdio_hops_compact_a_5mb_result(tmp_path: Path) -> None:
+    """5 MB results arrive as a bounded summary with a ref; read_exact reads /records/97 back.
+
+    Also: the tools are listed as upstream lists them, plus read_exact; the model configured
+    as for ``compact`` summarizes (with the given instructions); replies stay within
+    --max-bytes; 5 MB of text that is not JSON is retained as one JSON string.
+    """
+    async with Client(upstream_params()) as direct:
+        upstream_tools = (await direct.list_tools()).tools
+    options = ("--max-bytes", "4000", "--model", "fake-small", "--instructions", "INSTRUCTED")
+    with FakeOpenAI(fill_unscripted=True) as server:
+        env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test"}
+        async with proxied(tmp_path, *options, **env) as client:
+            await check_big_results(client, upstream_tools)
+        bodies = server.bodies("fake-small")
+    assert len(bodies) == 2
+    assert all("INSTRUCTED" in body["messages"][0]["content"] for body in bodies)
+
+
+async def check_big_results(client: Client, upstream_tools: list[mt.Tool]) -> None:
+    tools = (await client.list_tools()).tools
+    assert [t.name for t in tools] == [t.name for t in upstream_tools] + ["read_exact"]
+    for mine, theirs in zip(tools, upstream_tools, strict=False):
+        assert mine.input_schema == theirs.input_schema
+        assert mine.description == theirs.description
+    text = only_text(await client.call_tool("big_json", {}))
+    assert len(text.encode()) <= 16000
+    assert text.startswith("kind: summarized")
+    match = REF.search(text)
+    assert match is not None
+    part = await read_part(client, match.group(0), pointer="/records/97")
+    assert part["part"]["value"] == RECORD_97
+    whole = await client.call_tool("read_exact", {"exact_ref": match.group(0)})
+    assert len(whole.model_dump_json(by_alias=True, exclude_none=True)) <= 4000 + 200
+
+    match = REF.search(only_text(await client.call_tool("big_text", {})))
+    assert match is not None
+    part = await read_part(client, match.group(0), max_bytes=2000)
+    assert isinstance(part["part"]["value"], str)
+    assert part["part"]["value"].startswith("line of log text\n")
+
+
+async def test_small_results_and_errors_pass_through_unchanged(tmp_path: Path) -> None:
+    """Small results, error results, unknown tools and JSON-RPC errors read as they do upstream."""
+    names = ("small", "fails", "nosuch")
+    async with Client(upstream_params()) as direct:
+        expected = [await direct.call_tool(name, {}) for name in names]
+    async with proxied(tmp_path) as client:
+        got = [await client.call_tool(name, {}) for name in names]
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("rpc_error", {})
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine.is_error == theirs.is_error
+        assert mine.content == theirs.content
+    assert (raised.value.code, raised.value.message) == (-32042, "upstream protocol error")
+    assert entry_files(store_root(tmp_path)) == set()
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def config(harness: rc.Harness, above: int = 1000) -> ProxyConfig:
+    options = {"fallback": FALLBACK, "ladder": "main", "summarize_above_bytes": above}
+    return ProxyConfig(harness=harness, options=options, summary_schema=Summary)
+
+
+def text_result(*texts: str, structured: Any = None, error: bool = False) -> mt.CallToolResult:
+    return mt.CallToolResult(
+        content=[mt.TextContent(type="text", text=t) for t in texts],
+        structured_content=structured,
+        is_error=error,
+    )
+
+
+async def stored_value(harness: rc.Harness, text: str) -> Any:
+    match = REF.search(text)
+    assert match is not None
+    found = await rc.response_compaction_read_exact(harness, match.group(0), Any)
+    assert isinstance(found, rc.Found)
+    return found.value
+
+
+async def test_structured_content_without_text_is_retained(harness: rc.Harness) -> None:
+    """Structured content with no text block is what is stored; non-text blocks stay."""
+    data = {"rows": list(range(2000))}
+    image = mt.ImageContent(type="image", data="aGk=", mime_type="image/png")
+    result = mt.CallToolResult(content=[image], structured_content=data)
+    out = await compact_tool_result(result, config(harness))
+    assert out.content[1] == image
+    assert out.structured_content is None
+    assert await stored_value(harness, out.content[0].text) == data
+
+
+async def test_text_that_is_not_the_structured_content_is_kept_beside_it(
+    harness: rc.Harness,
+) -> None:
+    """Text that does not serialize the structured content is stored beside it."""
+    data = {"rows": list(range(2000))}
+    out = await compact_tool_result(text_result("see rows", structured=data), config(harness))
+    stored = await stored_value(harness, out.content[0].text)
+    assert stored == {"content": "see rows", "structured_content": data}
+
+
+async def test_text_that_serializes_structured_content_is_stored_once(
+    harness: rc.Harness,
+) -> None:
+    """The usual pair (JSON text + the same structured content) is stored as the one value."""
+    data = {"rows": list(range(2000))}
+    result = text_result(msgspec.json.encode(data).decode(), structured=data)
+    out = await compact_tool_result(result, config(harness))
+    assert await stored_value(harness, out.content[0].text) == data
+
+
+async def test_text_decoding_to_infinity_is_kept_as_text(harness: rc.Harness) -> None:
+    """JSON that canonical form refuses (1e999) is retained as the text it was."""
+    text = "[" + ",".join(["1e999"] * 400) + "]"
+    out = await compact_tool_result(text_result(text), config(harness))
+    assert await stored_value(harness, out.content[0].text) == text
+
+
+async def test_error_results_are_never_compacted(harness: rc.Harness) -> None:
+    """An isError result goes back as it came, however large."""
+    result = text_result("x" * 5000, error=True)
+    assert await compact_tool_result(result, config(harness)) is result
