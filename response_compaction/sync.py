@@ -28,6 +28,7 @@ import atexit
 import contextlib
 import functools
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -35,7 +36,6 @@ from concurrent.futures import Future
 from contextlib import ExitStack
 from typing import Any, TypeVar, overload
 
-import sniffio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from . import _compact, _read
@@ -267,17 +267,9 @@ async def _aclose_all(models: list[Closable]) -> None:
 
 
 def _refuse_inside_event_loop(name: str) -> None:
-    try:
-        library: str | None = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        library = None
+    library = _loop_in_this_thread()
     if library is None:
-        # sniffio only sees tasks; a plain asyncio callback runs on a loop too.
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        library = "asyncio"
+        return
     raise RuntimeError(
         f"response_compaction.sync.{name}() was called from a running {library} event loop, "
         f"where blocking would freeze it; use `await response_compaction.{name}(...)` instead"
@@ -286,3 +278,20 @@ def _refuse_inside_event_loop(name: str) -> None:
 
 _loop = _BackgroundLoop()
 os.register_at_fork(after_in_child=_loop.forget_after_fork)
+
+
+def _loop_in_this_thread() -> str | None:
+    """The event loop running in the calling thread, if any.
+
+    Not ``sniffio``: threads started with ``asyncio.to_thread`` or ``run_in_executor`` copy the
+    caller's context, and with it sniffio's "asyncio" marker, into a thread that may block.
+    """
+    with contextlib.suppress(RuntimeError):
+        asyncio.get_running_loop()  # also true in a plain loop callback, which sniffio misses
+        return "asyncio"
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        with contextlib.suppress(RuntimeError):
+            trio.lowlevel.current_task()
+            return "trio"
+    return None

@@ -10,8 +10,10 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import anyio.to_thread
 import openai
 import pytest
+import sniffio
 
 import response_compaction as rc
 from response_compaction import sync
@@ -97,6 +99,20 @@ async def test_refuses_inside_a_running_event_loop(harness: rc.Harness) -> None:
         sync.response_compact(harness, value, Exact, Summary, OPTIONS)
     with pytest.raises(RuntimeError, match="await"):
         sync.response_compaction_read_exact(harness, "rc1:" + "0" * 64, Exact)
+
+
+@pytest.mark.anyio
+async def test_works_from_a_worker_thread_of_a_running_loop(harness: rc.Harness) -> None:
+    """A worker thread inherits the loop's context (sniffio's marker) but may block: it works."""
+    value = Exact(rows=[Row(id=1, name="a")], total=1)
+
+    def blocking() -> rc.Found[Exact] | rc.Missing | rc.Broken:
+        ref = sync.response_compact(harness, value, Exact, Summary, OPTIONS).receipt.exact_ref
+        return sync.response_compaction_read_exact(harness, ref, Exact)
+
+    assert await anyio.to_thread.run_sync(blocking) == rc.Found(value=value)
+    if sniffio.current_async_library() == "asyncio":
+        assert await asyncio.to_thread(blocking) == rc.Found(value=value)
 
 
 def test_refuses_inside_a_plain_asyncio_callback(harness: rc.Harness) -> None:

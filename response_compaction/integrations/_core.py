@@ -7,7 +7,6 @@ into their own tool types.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import inspect
 from collections.abc import Callable
@@ -75,10 +74,7 @@ class Compactor:
 
     def compact_sync(self, result: Any) -> str:
         """:meth:`compact` for tools a framework runs in worker threads (no event loop)."""
-        # A fresh context: asyncio.to_thread copies sniffio's "asyncio" marker into the worker
-        # thread, and the facade would take that for a running loop and refuse.
-        compacted = contextvars.Context().run(
-            sync.response_compact,
+        compacted = sync.response_compact(
             self.harness,
             _exact(result),
             self.exact_schema,
@@ -144,7 +140,7 @@ class Compactor:
             **self._window(pointer, start, stop, max_bytes),
         )
         try:
-            result = contextvars.Context().run(read)  # a fresh context: see compact_sync
+            result = read()
         except (LookupError, ValueError) as exc:
             return _json({"state": "error", "detail": str(exc)})
         return _json(read_result_as_dict(result))
