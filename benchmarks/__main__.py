@@ -2,8 +2,9 @@
 
 Quick mode (the default, CI-sized) runs the ~1 and ~10 MB workloads; ``--full`` adds ~90 MB.
 
-Imports are absolute and ``main()`` is guarded: anyio starts its worker processes by running
-this file with ``runpy.run_path`` outside the package (as multiprocessing does).
+Imports are absolute and ``main()`` is guarded, as any script's should be (the library's
+verification workers are its own ``python -m response_compaction._worker``; they never
+import this file).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import tempfile
 import time
 from typing import Any
 
+from benchmarks import _extra
 from benchmarks._machine import library_source, machine, versions
 from benchmarks._report import CAVEATS, render, targets
 from benchmarks._run import Plan, Suite
 from benchmarks.workloads import SHAPES
 
-SECTIONS = ("big", "small", "concurrency", "scale")
+SECTIONS = ("big", "small", "concurrency", "scale", "cold", "raw", "import")
 
 
 def _plan(args: argparse.Namespace) -> Plan:
@@ -90,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
             suite.concurrency()
         if "scale" in only:
             suite.scale()
+        if "cold" in only:
+            _extra.cold_start(suite, max(sizes))
+        if "raw" in only:
+            _extra.raw_inputs(suite, max(sizes))
+        if "import" in only:
+            _extra.import_time(suite)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

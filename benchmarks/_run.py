@@ -337,7 +337,7 @@ class Suite:
         ):
             self.add(Result(section, op, backend, times[op], floor=floor, peer=peer))
         if size >= _PROCESS_VERIFY_BYTES:
-            why = {"why": "starts the to_process worker, which re-runs __main__"}
+            why = {"why": "first large value on a new event loop (the worker pool is per process)"}
             self.add(Result(section, _COLD, backend, [cold], floor=_PUT, peer=_DC_SET, notes=why))
         # The caller's loop: one more run of each step, with the heartbeat beside it.
         for op, (prepare, step) in steps.items():
@@ -669,8 +669,8 @@ _COMPACT = "response_compact -> fallback (stored+verified)"
 _COMPACT_EXACT = "response_compact -> exact (value returned)"
 _HIT = "response_compact again: cache hit (reused)"
 _COLD = "  first compaction on a new event loop (cold)"
-# The library verifies values at least this big in a worker process (its PROCESS_VERIFY_BYTES).
-_PROCESS_VERIFY_BYTES = 8 << 20
+# The library verifies values at least this big in a worker process (its WORKER_VERIFY_BYTES).
+_PROCESS_VERIFY_BYTES = 512 << 10
 _READ_OP = "response_compaction_read_exact -> Found"
 _MEMORY_OPS = {
     "compact_fallback": _COMPACT,

@@ -21,6 +21,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +60,7 @@ __all__ = [
     "Row",
     "Transaction",
     "acquire",
+    "acquire_now",
     "close_all",
     "release",
 ]
@@ -66,6 +68,8 @@ __all__ = [
 MAX_IDLE_INDEXES = 8
 #: Uses not yet written to the index (the write lock was busy) are kept up to this many.
 _MAX_PENDING_USES = 4096
+#: Uses recorded by reads are written at most this often (and with every write before that).
+USE_FLUSH_SECONDS = 1.0
 
 
 class IndexReplacedError(StoreError):
@@ -81,6 +85,7 @@ class Index:
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._pending: dict[tuple[Kind, str], float] = {}
+        self._next_flush = 0.0
         path = os.path.join(root, "index.sqlite3")
         own_files(path)
         try:
@@ -158,6 +163,10 @@ class Index:
         for (kind, key), when in pending.items():
             tx.touch(kind, key, when)
 
+    def flush_due(self) -> bool:
+        """Whether uses are waiting to be written and the batching interval has passed."""
+        return bool(self._pending) and time.monotonic() >= self._next_flush
+
     def record_use(self, kind: Kind, key: str, now: float) -> None:
         """Count a read as a use, best-effort: never waits for the write lock, never raises.
 
@@ -169,8 +178,12 @@ class Index:
         if len(self._pending) >= _MAX_PENDING_USES:
             self._pending.pop(next(iter(self._pending)))
         self._pending[(kind, key)] = max(now, self._pending.get((kind, key), now))
-        if not self._lock.acquire(blocking=False):
+        # Batched: a commit (and its WAL fsync) per read cost ten times the read itself. Uses
+        # go out with this process's next write, or here at most every USE_FLUSH_SECONDS.
+        due = time.monotonic()
+        if due < self._next_flush or not self._lock.acquire(blocking=False):
             return
+        self._next_flush = due + USE_FLUSH_SECONDS
         try:
             self._conn.execute("PRAGMA busy_timeout = 0")
             try:
@@ -192,8 +205,8 @@ class Index:
         finally:
             self._lock.release()
 
-    def _read(self, sql: str, args: Any = ()) -> list[tuple[object, ...]]:
-        if not self._read_lock.acquire(timeout=BUSY_MS / 1000):
+    def _read(self, sql: str, args: Any = (), *, wait: bool = True) -> list[tuple[object, ...]]:
+        if not self._read_lock.acquire(timeout=BUSY_MS / 1000 if wait else 0):
             raise IndexBusy
         try:
             return self._reader.execute(sql, args).fetchall()
@@ -204,11 +217,15 @@ class Index:
         finally:
             self._read_lock.release()
 
-    def lookup(self, kind: Kind, key: str, now: float = 0.0) -> Row | None:
-        """The row of ``key``, expired or not, with the attested time at ``now``."""
+    def lookup(self, kind: Kind, key: str, now: float = 0.0, *, wait: bool = True) -> Row | None:
+        """The row of ``key``, expired or not, with the attested time at ``now``.
+
+        ``wait=False`` (on the event loop thread): :class:`IndexBusy` at once if in use.
+        """
         rows = self._read(
             LOOKUP,
             {"kind": kind, "key": key, "now": now, "me": writer_id()},
+            wait=wait,
         )
         if not rows:
             return None
@@ -281,6 +298,23 @@ def acquire(root: str) -> Index:
         return slot.index
 
 
+def acquire_now(root: str) -> Index | None:
+    """Like :func:`acquire`, but never waits or opens: the index if already open and current.
+
+    For the event loop thread (small reads inline); None means "take a worker thread".
+    """
+    if not _open_lock.acquire(blocking=False):
+        return None
+    try:
+        slot = _open.get((os.getpid(), root))
+        if slot is None or not slot.index.is_current():
+            return None
+        slot.users += 1
+        return slot.index
+    finally:
+        _open_lock.release()
+
+
 def _retire(slot: _Slot) -> None:
     if slot.users == 0:
         slot.index.close()
@@ -288,8 +322,12 @@ def _retire(slot: _Slot) -> None:
         _retired[id(slot.index)] = slot
 
 
-def release(index: Index) -> None:
-    """Let go of ``index``; close the least recently used idle ones beyond the cache size."""
+def release(index: Index, *, close_idle: bool = True) -> None:
+    """Let go of ``index``; close the least recently used idle ones beyond the cache size.
+
+    ``close_idle=False`` (on the event loop thread) leaves that to the next release: closing
+    a WAL database checkpoints it, a write and an fsync.
+    """
     with _open_lock:
         slot = _open.get((os.getpid(), index.root))
         if slot is not None and slot.index is index:
@@ -299,7 +337,7 @@ def release(index: Index) -> None:
             if retired.users == 0:
                 del _retired[id(index)]
                 index.close()
-        idle = [key for key, slot in _open.items() if slot.users == 0]
+        idle = [key for key, slot in _open.items() if slot.users == 0] if close_idle else []
         for key in idle[: max(0, len(idle) - MAX_IDLE_INDEXES)]:
             _open.pop(key).index.close()
 

@@ -21,7 +21,7 @@ from .._digest import KEY_BYTES
 from .._errors import StoreError, UnsafeStoreError
 from ._paths import FILE_FLAGS, open_dir, unlink_quietly
 
-__all__ = ["KEY_NAME", "load_key"]
+__all__ = ["KEY_NAME", "load_key", "read_key"]
 
 KEY_NAME = "key"
 
@@ -37,6 +37,19 @@ def load_key(root: str) -> bytes:
         if key is None:  # created and then removed at once by someone else
             raise StoreError(errno.ENOENT, "the store key vanished while it was created")
         return key
+    finally:
+        os.close(root_fd)
+
+
+def read_key(root: str) -> bytes | None:
+    """The existing key, checked as :func:`load_key` does, or None: a few syscalls, no write.
+
+    Run on the event loop thread by every ``open_store`` after the first, so a key removed,
+    replaced or opened up since is noticed at once without a hop to a worker thread.
+    """
+    root_fd = open_dir(root, create=False)
+    try:
+        return _read_key(root_fd, root)
     finally:
         os.close(root_fd)
 

@@ -173,6 +173,8 @@ def prepare_root(base: str) -> str:
     try:
         for sub in ("tmp", *KINDS):
             os.close(open_dir(sub, create=True, dir_fd=root_fd))
+        for kind in KINDS:
+            _make_fanouts(root_fd, kind)
     finally:
         os.close(root_fd)
     with _swept_lock:
@@ -181,6 +183,30 @@ def prepare_root(base: str) -> str:
     if first:
         sweep_temps(root, time.time() - STALE_TEMP_SECONDS)
     return root
+
+
+def _make_fanouts(root_fd: int, kind: Kind) -> None:
+    """All 256 fan-out directories of ``kind``, made once with the store (one fsync).
+
+    Otherwise each of the first values to land in a fan-out pays for its mkdir and the fsync
+    of the kind directory, an fsync more than the value's own.
+    """
+    kind_fd = open_dir(kind, create=False, dir_fd=root_fd)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.stat("ff", dir_fd=kind_fd, follow_symlinks=False)
+            return  # made by an earlier process (a planted "ff" is checked when opened)
+        made = False
+        for n in range(256):
+            try:
+                os.mkdir(f"{n:02x}", 0o700, dir_fd=kind_fd)
+            except FileExistsError:
+                continue
+            made = True
+        if made:
+            os.fsync(kind_fd)
+    finally:
+        os.close(kind_fd)
 
 
 def sweep_temps(root: str, older_than: float) -> int:

@@ -133,6 +133,28 @@ class Transaction:
             (kind, key, row.digest, row.size, expires_at, self.next_use(), row.layout, self.me),
         )
 
+    def renew(self, kind: Kind, key: str, row: Row, now: float) -> bool:
+        """Store ``key`` again without rewriting it; False if no live row holds ``row``'s digest.
+
+        The row gets ``row``'s expiry (never earlier than recorded), a use, and this writer.
+        """
+        attested = self.attested(now)
+        cursor = self._conn.execute(
+            "UPDATE entries SET expires_at = max(expires_at, ?), last_used = ?, writer = ?"
+            " WHERE kind = ? AND key = ? AND digest = ? AND size = ? AND expires_at > ?",
+            (
+                row.expires_at + max(0.0, attested - now),
+                self.next_use(),
+                self.me,
+                kind,
+                key,
+                row.digest,
+                row.size,
+                attested,
+            ),
+        )
+        return cursor.rowcount == 1
+
     def victims(
         self,
         kinds: tuple[Kind, ...],

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import gc
 import hmac
 import os
-import pickle
-import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
 import anyio.lowlevel
-import anyio.to_process
 
+from .. import _pool
 from .._canonical import Span, decode_exact
 from .._digest import digest_hex, matches
 from .._perf import paused_gc
@@ -21,6 +18,7 @@ from .._slices import decode_sliced
 from ._fileio import FileBackend
 from ._index import Entry
 from ._paths import FILE_FLAGS, Kind, open_fanout, regular_opener
+from ._turns import cpu_turn, next_turn
 
 __all__ = [
     "EntryReport",
@@ -30,14 +28,18 @@ __all__ = [
     "decoded_value",
     "seal",
     "verify_file",
+    "verify_path",
 ]
 
-#: Verifying more bytes than this runs in a worker process: msgspec holds the GIL while it
-#: decodes, and a thread would freeze the caller's event loop for the whole decode.
+#: Verifying at least this many bytes (when nobody needs the value) runs in a worker process
+#: when one is idle: msgspec holds the GIL while it decodes, so a thread would freeze the
+#: caller's event loop for the whole decode, and concurrent verifications would share a core.
+WORKER_VERIFY_BYTES = 512 << 10
+#: Above this, ``_partial`` (read_part) cuts an entry without a layout in a worker process.
 PROCESS_VERIFY_BYTES = 8 << 20
 #: Decoding more bytes than this in the caller's process pauses the cyclic GC meanwhile:
 #: a full collection over a freshly decoded tree can cost more than the decode itself.
-GC_PAUSE_BYTES = 1 << 20
+GC_PAUSE_BYTES = 64 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +101,8 @@ async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> An
     if len(data) < GC_PAUSE_BYTES:
         return decode_exact(data, schema)
     with paused_gc():
-        return await decode_sliced(data, schema, spans, anyio.lowlevel.checkpoint)
+        async with cpu_turn():
+            return await decode_sliced(data, schema, spans, next_turn)
 
 
 async def verify_file(
@@ -112,20 +115,16 @@ async def verify_file(
     key: bytes,
     *,
     want_value: bool,
+    use_worker: bool,
 ) -> Any:
     """Read a fresh temp file back and verify it; its value if ``want_value``, else None.
 
     Large files nobody needs the value of are verified in a worker process when the schema
     can travel there. Raises ``ValueError`` with what is wrong.
     """
-    if size >= PROCESS_VERIFY_BYTES and not want_value and _worker_can_load(schema):
-        try:
-            problem = await anyio.to_process.run_sync(
-                _verify_in_worker, path, hex_digest, size, schema, key, cancellable=True
-            )
-        except (anyio.BrokenWorkerProcess, ImportError, AttributeError, pickle.PickleError):
-            pass  # the worker could not load the schema: verify here instead
-        else:
+    if use_worker and size >= WORKER_VERIFY_BYTES and not want_value:
+        problem = await _pool.verify(path, hex_digest, size, schema, key)
+        if problem is not _pool.NOT_DONE:
             if problem is not None:
                 raise ValueError(problem)
             return None
@@ -135,35 +134,20 @@ async def verify_file(
     return value if want_value else None
 
 
-def _verify_in_worker(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> str | None:
-    """Runs in a worker process: read the file back and verify it, GC off (we own the process).
+def verify_path(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> str | None:
+    """In a worker process: read the file back and verify it; what is wrong, or None.
 
-    Returns what is wrong, or None; raising is kept for "this worker could not do the job".
+    ``OSError`` is left to the caller: "this worker could not do the job", not a verdict.
     """
     fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
-    gc.disable()
     try:
         check_digest(data, hex_digest, size, key)
         decode_exact(data, schema)
     except ValueError as exc:
         return str(exc)
-    finally:
-        gc.enable()
     return None
-
-
-def _worker_can_load(schema: Any) -> bool:
-    """Whether a fresh interpreter can unpickle ``schema`` (a module-level type, by reference)."""
-    module = sys.modules.get(getattr(schema, "__module__", ""), None)
-    if module is None or (module.__name__ == "__main__" and not getattr(module, "__file__", None)):
-        return False
-    try:
-        pickle.dumps(schema)
-    except Exception:
-        return False
-    return True
 
 
 def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:

@@ -1,0 +1,344 @@
+"""The pool of verification workers (``python -m response_compaction._worker``), per process.
+
+msgspec holds the GIL while it decodes, so verifying a large value in a thread freezes the
+caller's event loop, and verifying many at once uses one core. Large values nobody needs the
+decoded value of are verified in worker processes instead: the worker reads the temporary
+file itself, checks its size and sha256 and decodes it against the schema, GC off.
+
+The worker is the library's own module ``response_compaction._worker``, never the caller's
+``__main__`` (``multiprocessing``-style workers re-import it: an unguarded
+``asyncio.run(main())`` then ran the caller's program a second time inside the worker). The
+schema travels as a description built from module-and-qualname references
+(``list[pkg.mod.Row] | None``); a schema that cannot be described that way (defined in
+``__main__`` or in a function, or a shape the description does not cover) is verified in
+the caller, never skipped. A worker that cannot load a schema says so, and the caller verifies.
+
+The pool has one worker per usable core, is started in the background when the first store
+of the process is opened (so it is warm before the first large value), is shared by every
+store and event loop of the process, and is shut down at interpreter exit. A call finding no
+idle worker verifies in the caller: the caller's core is one more worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib
+import operator
+import os
+import struct
+import subprocess
+import sys
+import threading
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "NOT_DONE",
+    "POOL",
+    "describe",
+    "receive",
+    "resolve",
+    "send",
+    "usable_cores",
+    "verify",
+]
+
+#: What :func:`verify` returns when no worker did the job: the caller must verify.
+NOT_DONE: Any = object()
+
+_HEADER = struct.Struct(">I")
+_ENCODE = msgspec.msgpack.Encoder().encode
+_DECODE = msgspec.msgpack.Decoder().decode
+
+
+# ----------------------------------------------------------------------------- schemas
+
+
+def describe(schema: Any) -> Any:
+    """A description of ``schema`` by reference, or None if there is none."""
+    if schema is Any:
+        return ["any"]
+    if schema is None or schema is type(None):
+        return ["none"]
+    if schema is Ellipsis:
+        return ["ellipsis"]  # tuple[int, ...]
+    origin = typing.get_origin(schema)
+    if origin is not None:
+        args = typing.get_args(schema)
+        if origin is typing.Literal:
+            ok = all(type(a) in (str, int, bool) or a is None for a in args)
+            return ["literal", list(args)] if ok else None
+        if origin is typing.Annotated:
+            return None  # constraints live in metadata objects: verified in the caller
+        described = [describe(a) for a in args]
+        if any(d is None for d in described):
+            return None
+        if origin in (typing.Union, types.UnionType):
+            return ["union", described]
+        head = describe(origin)
+        return None if head is None else ["generic", head, described]
+    module = getattr(schema, "__module__", None)
+    qualname = getattr(schema, "__qualname__", None)
+    if not isinstance(schema, type) or not module or not qualname:
+        return None
+    if module == "__main__" or "<locals>" in qualname:
+        return None  # the caller's main module is never imported by a worker
+    return ["ref", module, qualname]
+
+
+def resolve(description: Any) -> Any:
+    """The schema a :func:`describe` description names (in the worker)."""
+    tag = description[0]
+    if tag == "any":
+        return Any
+    if tag == "none":
+        return None
+    if tag == "ellipsis":
+        return Ellipsis
+    if tag == "literal":
+        return typing.Literal[tuple(description[1])]
+    if tag == "union":
+        return functools.reduce(operator.or_, [resolve(d) for d in description[1]])
+    if tag == "generic":
+        return resolve(description[1])[tuple(resolve(d) for d in description[2])]
+    if tag == "ref" and description[1] != "__main__":
+        obj: Any = importlib.import_module(description[1])
+        for part in description[2].split("."):
+            obj = getattr(obj, part)
+        if describe(obj) != description:
+            raise LookupError("the name resolves to another object")
+        return obj
+    raise LookupError("unknown schema description")
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+def send(file: Any, payload: Any) -> None:
+    data = _ENCODE(payload)
+    file.write(_HEADER.pack(len(data)) + data)
+    file.flush()
+
+
+def receive(file: Any) -> Any:
+    header = file.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        raise EOFError("verification worker closed its pipe")
+    (length,) = _HEADER.unpack(header)
+    data = file.read(length)
+    if len(data) < length:
+        raise EOFError("verification worker closed its pipe")
+    return _DECODE(data)
+
+
+# ----------------------------------------------------------------------------- caller side
+
+
+class _Worker:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and fixed entry
+            [sys.executable, "-c", _ENTRY],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        self.used = False
+
+    def ready(self) -> bool:
+        try:
+            return bool(receive(self.proc.stdout).get("ready"))
+        except (EOFError, OSError, msgspec.DecodeError):
+            return False
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.used = True
+        send(self.proc.stdin, request)
+        reply: dict[str, Any] = receive(self.proc.stdout)
+        return reply
+
+    def stop(self, wait: float) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ``python -m response_compaction._worker``, niced first: a worker's start (an interpreter and
+# this package's imports, ~0.2 s of CPU) must not compete with the caller, whose first large
+# compaction it otherwise slowed by 0.2 s on 2 cores; verifying is background work too.
+_ENTRY = (
+    "import os; os.nice(10); import runpy;"
+    " runpy.run_module('response_compaction._worker', run_name='__main__', alter_sys=True)"
+)
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Pool:
+    """Verification workers of this process: one per usable core, started in the background."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
+        self._started = False
+        self._closed = False
+        self._pid = os.getpid()
+        #: Verifications answered by a worker (tests and benchmarks read it).
+        self.calls = 0
+        self._threads: list[threading.Thread] = []
+
+    def ready_count(self) -> int:
+        """How many workers are idle and ready now."""
+        with self._lock:
+            return len(self._idle)
+
+    def wait_ready(self, ready: Callable[[int], bool], timeout: float) -> bool:
+        """Block until ``ready(idle worker count)`` holds (tests, benchmarks); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: ready(len(self._idle)), timeout)
+
+    def start(self) -> None:
+        """Start the workers (once per process) without waiting for them."""
+        with self._lock:
+            if self._started or self._closed:
+                return
+            self._started = True
+            count = usable_cores()
+        for _ in range(count):
+            self._spawn_soon()
+
+    def _spawn_soon(self) -> None:
+        thread = threading.Thread(target=self._spawn, name="rc-worker-start", daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+        thread.start()
+
+    def _spawn(self) -> None:
+        env = dict(os.environ)
+        # The worker finds this package first, then whatever the caller could import.
+        paths = [_PACKAGE_PARENT, *(p or os.getcwd() for p in sys.path)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        try:
+            worker = _Worker(env)
+        except OSError:
+            return  # no workers: every value is verified in the caller
+        with self._lock:
+            if self._closed:
+                worker.stop(0)
+                return
+            self._all.append(worker)
+        if not worker.ready():
+            worker.stop(0)
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._idle.append(worker)
+            self._changed.notify_all()
+
+    def checkout(self) -> _Worker | None:
+        """An idle, ready worker, or None (verify in the caller)."""
+        with self._lock:
+            self._changed.notify_all()
+            return self._idle.pop() if self._idle else None
+
+    def checkin(self, worker: _Worker) -> None:
+        """Give back a worker that answered."""
+        with self._lock:
+            if not self._closed:
+                self._idle.append(worker)
+                self._changed.notify_all()
+                return
+        worker.stop(1)
+
+    def discard(self, worker: _Worker) -> None:
+        """Kill a worker whose call was cancelled or failed, and start a replacement."""
+        worker.proc.kill()
+        with self._lock:
+            if worker in self._all:
+                self._all.remove(worker)
+            replace = not self._closed
+        worker.stop(1)
+        if replace:
+            self._spawn_soon()
+
+    def close(self) -> None:
+        """Stop every worker: idle ones read end-of-file and exit; others are killed."""
+        if os.getpid() != self._pid:
+            return
+        with self._lock:
+            self._closed = True
+            workers, self._all, self._idle = self._all, [], []
+            threads, self._threads = self._threads, []
+        for worker in workers:
+            if not worker.used:
+                worker.proc.kill()
+            worker.stop(2)
+        for thread in threads:
+            thread.join(2)
+
+
+POOL = Pool()
+atexit.register(POOL.close)
+
+
+def _after_fork() -> None:
+    global POOL
+    # The parent's workers and pipes are the parent's: a forked child starts its own.
+    POOL = Pool()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
+    """Have an idle worker verify the file at ``path``: what is wrong, None, or NOT_DONE."""
+    import anyio.to_thread
+
+    description = describe(schema)
+    if description is None:
+        return NOT_DONE
+    worker = POOL.checkout()
+    if worker is None:
+        return NOT_DONE
+    request = {
+        "path": path,
+        "digest": hex_digest,
+        "size": size,
+        "key": key,
+        "schema": msgspec.json.encode(description).decode(),
+    }
+    try:
+        reply = await anyio.to_thread.run_sync(worker.call, request, abandon_on_cancel=True)
+    except BaseException:
+        # Cancelled (the thread is abandoned: killing the worker ends its read) or broken.
+        POOL.discard(worker)
+        if isinstance(sys.exc_info()[1], Exception):
+            return NOT_DONE
+        raise
+    POOL.checkin(worker)
+    if "error" in reply:
+        return NOT_DONE
+    POOL.calls += 1
+    return reply["problem"]

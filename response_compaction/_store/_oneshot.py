@@ -1,0 +1,347 @@
+"""Small values in one worker-thread hop: every blocking step of a put or a get in one call.
+
+A hop to a worker thread costs about 50 us; the streaming algorithm of ``Store.put`` takes a
+dozen of them (open, write, fsync, close, open, read, close, hash, index, publish...), which
+for a 2 KB value cost four times the work itself. A small value is already whole in memory,
+so here the same steps run in the same order with the same checks (write looping on short
+writes, fsync of the file, read back, digest, schema, rename under the index's write lock,
+fsync of the directory) inside one blocking call.
+
+Only the library's own file backends take this path; an injected backend (the tests' fault
+seam) gets the streaming algorithm, call by call.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any, NamedTuple
+
+from .._canonical import decode_exact
+from .._errors import UnsafeStoreError, map_errors
+from . import _index
+from ._commit import publish, renew
+from ._index import CorruptRowError, Index, IndexBusy, Row
+from ._paths import (
+    FILE_FLAGS,
+    KINDS,
+    Kind,
+    NotRegularFileError,
+    open_dir,
+    prepare_root,
+    regular_opener,
+    unlink_quietly,
+    valid_name,
+)
+from ._verify import check_digest, check_trusted
+
+__all__ = [
+    "INDEX_ERRORS",
+    "INLINE_READ_BYTES",
+    "NOT_INLINE",
+    "SMALL_BYTES",
+    "Put",
+    "put_small",
+    "read_checked",
+    "read_inline",
+]
+
+INDEX_ERRORS = "could not use the store index"
+
+#: Entries up to this size are read on the event loop thread (see :func:`read_inline`).
+INLINE_READ_BYTES = 64 << 10
+#: What :func:`read_inline` returns when the read must take a worker thread.
+NOT_INLINE: Any = object()
+#: Values up to this size are buffered on the loop and stored in one hop; decoding this much
+#: holds the GIL for well under a millisecond.
+SMALL_BYTES = 256 << 10
+
+
+class Put(NamedTuple):
+    """What :func:`put_small` did: whether the key was live before, and the verified value."""
+
+    reused: bool
+    value: Any
+
+
+def put_small(
+    root: str,
+    temp_name: str,
+    kind: Kind,
+    key: str,
+    data: bytes,
+    hex_digest: str,
+    row: Row,
+    schema: Any,
+    now: float,
+    store_key: bytes,
+    max_entries: int,
+) -> Put:
+    """Store ``data`` (whose keyed digest is ``hex_digest``) as ``key``, verified, in one call.
+
+    An entry already live under ``key`` with the same digest, whose bytes on disk are intact and
+    validate, is not rewritten: its TTL is renewed. Anything else (absent, expired, tampered,
+    evicted meanwhile) is written afresh. Raises ``ValueError`` if the bytes do not validate.
+    """
+    with map_errors(INDEX_ERRORS):
+        index = _index.acquire(root)
+    try:
+        renewed = _renew_if_intact(index, kind, key, data, row, schema, now, max_entries)
+        if renewed is not None:
+            return renewed
+        return _write_new(
+            index, temp_name, kind, key, data, (hex_digest, store_key), row, schema, now,
+            max_entries,
+        )  # fmt: skip
+    finally:
+        _index.release(index)
+
+
+def _renew_if_intact(
+    index: Index,
+    kind: Kind,
+    key: str,
+    data: bytes,
+    row: Row,
+    schema: Any,
+    now: float,
+    max_entries: int,
+) -> Put | None:
+    try:
+        with map_errors(INDEX_ERRORS):
+            existing = index.lookup(kind, key, now)
+    except CorruptRowError:
+        return None  # the fresh write's upsert replaces the row
+    if existing is None or existing.expires_at <= max(now, existing.attested):
+        return None
+    if existing.digest != row.digest or existing.size != len(data):
+        return None
+    try:
+        root_fd = open_dir(index.root, create=False)
+        try:
+            on_disk = _read_entry(root_fd, kind, key)
+        finally:
+            os.close(root_fd)
+    except OSError:
+        return None  # gone, or not a regular file: write it afresh
+    # Equal bytes hash to the digest computed from ``data``; the row's digest (the same seal
+    # as ``row``'s) only said where to look.
+    if on_disk != data:
+        return None
+    value = decode_exact(on_disk, schema)  # ValueError: the value does not validate
+    with map_errors(f"could not renew the {kind} value in the store index"):
+        renewed = renew(index, kind, key, row, now, max_entries)
+    return Put(reused=True, value=value) if renewed else None
+
+
+def _write_new(
+    index: Index,
+    temp_name: str,
+    kind: Kind,
+    key: str,
+    data: bytes,
+    digest: tuple[str, bytes],
+    row: Row,
+    schema: Any,
+    now: float,
+    max_entries: int,
+) -> Put:
+    tmp_fd = _open_tmp(index.root)
+    published = False
+    try:
+        fd = os.open(
+            temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd
+        )
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # a failing close after fsync is still a failure to retain
+        back = _read_regular(temp_name, tmp_fd)
+        check_digest(back, digest[0], len(data), digest[1])
+        value = decode_exact(back, schema)
+        with map_errors(f"could not publish the {kind} value in the store index"):
+            reused = publish(index, temp_name, kind, key, row, now, max_entries)
+        published = True
+    finally:
+        if not published:
+            unlink_quietly(temp_name, tmp_fd)
+        os.close(tmp_fd)
+    return Put(reused=reused, value=value)
+
+
+def read_checked(
+    root: str, kind: Kind, key: str, now: float, secret: bytes
+) -> tuple[Row, bytes] | str | None:
+    """Look ``key`` up, read its bytes and check them against what is trusted: (row, bytes).
+
+    None when there is no live row or the file is gone (a concurrent eviction); a string
+    saying what is wrong when the bytes cannot be trusted. The read is recorded as a use,
+    best-effort (never waiting for the write lock).
+    """
+    root_fd = open_root(root)
+    try:
+        return _read_checked(root_fd, root, kind, key, now, secret)
+    finally:
+        os.close(root_fd)
+
+
+def _read_checked(
+    root_fd: int, root: str, kind: Kind, key: str, now: float, secret: bytes
+) -> tuple[Row, bytes] | str | None:
+    with map_errors(INDEX_ERRORS):
+        index = _index.acquire(root)
+    try:
+        try:
+            with map_errors(INDEX_ERRORS):
+                row = index.lookup(kind, key, now)
+        except CorruptRowError:
+            return f"{kind} entry's index row is corrupt"
+        # Expired by this clock, or by the time other clocks already witnessed (_clocks).
+        if row is None or row.expires_at <= max(now, row.attested):
+            return None
+        got = _read_trusted(root_fd, kind, key, row, secret)
+        if isinstance(got, bytes):
+            index.record_use(kind, key, now)
+    finally:
+        _index.release(index)
+    return got if got is None or isinstance(got, str) else (row, got)
+
+
+def _read_trusted(
+    root_fd: int, kind: Kind, key: str, row: Row, secret: bytes, limit: int = -1
+) -> bytes | str | None:
+    try:
+        data = _read_entry(root_fd, kind, key, limit)
+    except FileNotFoundError:
+        return None
+    except NotRegularFileError as exc:
+        return f"{kind} entry {exc.strerror}; refusing to read it"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{kind} entry is a symlink; refusing to follow it"
+        raise
+    try:
+        # The reference (or, for a summary, the sealed row) is the only digest trusted.
+        check_trusted(data, kind, key, row.digest, secret)
+    except ValueError as exc:
+        return f"{kind} entry does not verify: {exc}"
+    return data
+
+
+def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> Any:
+    """:func:`read_checked` run on the event loop thread, for small entries only.
+
+    A hop to a worker thread costs more than reading, hashing and decoding a few KB from the
+    page cache, so a small entry is read right here, provided nothing would make the loop
+    wait: the index must already be open and its reader free this instant, the row must say
+    at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read), and no
+    batch of recorded uses may be due (writing it is a commit). Otherwise ``NOT_INLINE``:
+    take the worker thread.
+    """
+    index = _index.acquire_now(root)
+    if index is None:
+        return NOT_INLINE
+    try:
+        if index.flush_due():
+            return NOT_INLINE
+        try:
+            with map_errors(INDEX_ERRORS):
+                row = index.lookup(kind, key, now, wait=False)
+        except IndexBusy:
+            return NOT_INLINE
+        except CorruptRowError:
+            return f"{kind} entry's index row is corrupt"
+        if row is None or row.expires_at <= max(now, row.attested):
+            return None
+        if row.size > INLINE_READ_BYTES:
+            return NOT_INLINE
+        try:
+            root_fd = open_root(root, remake=False)
+        except FileNotFoundError:
+            return NOT_INLINE  # remaking a removed root writes: not on the loop
+        try:
+            got = _read_trusted(root_fd, kind, key, row, secret, INLINE_READ_BYTES)
+        finally:
+            os.close(root_fd)
+        if isinstance(got, bytes):
+            index.record_use(kind, key, now)  # only noted: no batch was due
+    finally:
+        _index.release(index, close_idle=False)
+    return got if got is None or isinstance(got, str) else (row, got)
+
+
+def open_root(root: str, *, remake: bool = True) -> int:
+    """The root's fd, the root and its subdirectories checked as :func:`prepare_root` does.
+
+    Run by every one-hop operation (a handful of syscalls), so a root prepared once per
+    process is still refused the moment one of its directories becomes a symlink or shared.
+    A root or subdirectory removed meanwhile is made again (``remake``; else
+    ``FileNotFoundError``).
+    """
+    try:
+        root_fd = open_dir(root, create=False)
+        try:
+            for sub in ("tmp", *KINDS):
+                os.close(open_dir(sub, create=False, dir_fd=root_fd))
+        except BaseException:
+            os.close(root_fd)
+            raise
+    except FileNotFoundError:
+        if not remake:
+            raise
+        prepare_root(os.path.dirname(root))
+        root_fd = open_dir(root, create=False)
+    return root_fd
+
+
+def open_fanout_at(root_fd: int, kind: Kind, key: str) -> int:
+    """Like :func:`open_fanout`, below an already opened and checked root."""
+    if not valid_name(kind, key):
+        raise UnsafeStoreError("not an entry name", kind)
+    kind_fd = open_dir(kind, create=False, dir_fd=root_fd)
+    try:
+        return open_dir(key[:2], create=False, dir_fd=kind_fd)
+    finally:
+        os.close(kind_fd)
+
+
+def _open_tmp(root: str) -> int:
+    try:
+        return open_dir(os.path.join(root, "tmp"), False)
+    except FileNotFoundError:
+        os.close(open_root(root))  # removed since the store was opened: made again
+        return open_dir(os.path.join(root, "tmp"), False)
+
+
+def _read_entry(root_fd: int, kind: Kind, key: str, limit: int = -1) -> bytes:
+    fan_fd = open_fanout_at(root_fd, kind, key)
+    try:
+        return _read_regular(key, fan_fd, limit)
+    finally:
+        os.close(fan_fd)
+
+
+def _read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
+    """The file's bytes; with a ``limit``, at most ``limit + 1`` of them.
+
+    One byte more is enough to tell that a file is longer than its row says (it then fails
+    the digest check), and a planted huge file is never read whole on the loop.
+    """
+    fd = regular_opener(dir_fd)(name, os.O_RDONLY)
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        if limit < 0:
+            return file.readall()
+        data = bytearray()
+        while len(data) <= limit and (chunk := file.read(limit + 1 - len(data))):
+            data += chunk
+        return bytes(data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]

@@ -1,0 +1,243 @@
+"""The call-by-call algorithm under the store: every blocking step through the file backend.
+
+Large values take it (pieces are encoded on the loop and written as they come), and so does
+every value on an injected file backend (the tests' fault seam), where each open, write,
+fsync, read and commit is a separate call the seam can fail or cancel. ``Store`` (the
+package module) adds the one-hop paths of ``_oneshot`` for small values on its own backends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+
+from .._canonical import Span
+from .._digest import new_hasher
+from .._errors import StoreError, map_errors
+from .._models import Broken, Found, Missing
+from .._slices import decode_layout, encode_layout
+from . import _index
+from ._commit import publish
+from ._fileio import AsyncBinaryFile, FileBackend
+from ._index import CorruptRowError, Index, IndexBusy, Row
+from ._paths import Kind, NotRegularFileError, open_dir, open_fanout, opener, unlink_quietly
+from ._turns import cpu_turn, writer_turn
+from ._verify import check_trusted, decoded_value, read_all, seal, verify_file
+
+__all__ = ["LOCK_WAIT_SECONDS", "Stepwise", "Stored"]
+
+T = TypeVar("T")
+INDEX_ERRORS = "could not use the store index"
+#: How long an operation waits for another process's write lock before giving up. Every wait
+#: is a series of short tries with event-loop checkpoints between them, so a caller's deadline
+#: or cancellation stops it at once.
+LOCK_WAIT_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What ``Store.put`` retained."""
+
+    hex_digest: str
+    size: int
+    reused: bool
+    value: Any = None
+
+
+class Stepwise:
+    """The store's call-by-call operations (see the module docstring)."""
+
+    root: str
+    clock: Callable[[], float]
+    _backend: FileBackend
+    _key: bytes
+    _fast: bool
+
+    async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, retried while the index is busy.
+
+        Each try waits at most ``BUSY_MS`` inside SQLite; between tries the event loop gets
+        control back, so the caller's cancellation and deadlines are honoured.
+        """
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        delay = 0.001
+        while True:
+            try:
+                return await self._backend.run(fn, *args)
+            except IndexBusy:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        errno.EBUSY,
+                        f"the store index stayed locked by another process for"
+                        f" {LOCK_WAIT_SECONDS:.0f} s",
+                    ) from None
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    @contextlib.asynccontextmanager
+    async def _using_index(self) -> AsyncIterator[Index]:
+        with map_errors(INDEX_ERRORS):
+            index = await self._patiently(_index.acquire, self.root)
+        try:
+            with map_errors(INDEX_ERRORS):
+                yield index
+        finally:
+            _index.release(index)
+
+    async def _put_streaming(
+        self,
+        kind: Kind,
+        pieces: Iterable[bytes | memoryview],
+        key: str | None,
+        schema: Any,
+        ttl_seconds: int,
+        max_entries: int,
+        want_value_up_to: int,
+        layout: list[Span] | None,
+    ) -> Stored:
+        """The call-by-call algorithm: large values, and every value on an injected backend."""
+        temp_name = f"{secrets.token_hex(12)}.tmp"
+        backend = self._backend
+        with map_errors(f"could not retain the {kind} value"):
+            tmp_fd = await backend.run(open_dir, os.path.join(self.root, "tmp"), False)
+            published = False
+            try:
+                hex_digest, size, value = await self._write_verified(
+                    temp_name, tmp_fd, pieces, schema, layout, size_for_value=want_value_up_to
+                )
+                now = self.clock()
+                row = Row(
+                    seal(self._key, kind, key or hex_digest, hex_digest),
+                    size,
+                    now + ttl_seconds,
+                    encode_layout(layout) if layout else None,
+                )
+                async with self._using_index() as index, writer_turn(self.root):
+                    with map_errors(f"could not publish the {kind} value in the store index"):
+                        reused = await self._patiently(
+                            publish,
+                            index,
+                            temp_name,
+                            kind,
+                            key or hex_digest,
+                            row,
+                            now,
+                            max_entries,
+                        )
+                published = True
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if not published:
+                        await backend.run(unlink_quietly, temp_name, tmp_fd)
+                    await backend.run(os.close, tmp_fd)
+        return Stored(hex_digest=hex_digest, size=size, reused=reused, value=value)
+
+    async def _write_verified(
+        self,
+        temp_name: str,
+        tmp_fd: int,
+        pieces: Iterable[bytes | memoryview],
+        schema: Any,
+        layout: list[Span] | None,
+        *,
+        size_for_value: int,
+    ) -> tuple[str, int, Any]:
+        """Write, fsync and close the temp file, then verify it: (digest, size, value)."""
+        backend = self._backend
+        file = await backend.open(temp_name, "xb", opener(tmp_fd, 0o600))
+        try:
+            hasher = new_hasher(self._key)
+            size = 0
+            it = iter(pieces)
+            while True:
+                async with cpu_turn():  # encoding the next piece holds the loop
+                    piece = next(it, None)
+                    if piece is not None:
+                        hasher.update(piece)
+                if piece is None:
+                    break
+                size += len(piece)
+                await _write_all(file, piece)
+            await backend.run(os.fsync, file.fileno())
+        except BaseException:
+            with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
+                await file.close()
+            raise
+        await file.close()  # a failing close after fsync is still a failure to retain
+        hex_digest = hasher.hexdigest()
+        temp_path = os.path.join(self.root, "tmp", temp_name)
+        value = await verify_file(
+            backend,
+            temp_path,
+            hex_digest,
+            size,
+            schema,
+            tuple(layout or ()),
+            self._key,
+            want_value=size <= size_for_value,
+            use_worker=self._fast,
+        )
+        return hex_digest, size, value
+
+    async def _get_stepwise(
+        self, kind: Kind, key: str, schema: Any
+    ) -> Found[Any] | Missing | Broken:
+        now = self.clock()
+        async with self._using_index() as index:
+            try:
+                row = await self._patiently(index.lookup, kind, key, now)
+            except CorruptRowError:
+                return Broken(detail=f"{kind} entry's index row is corrupt")
+            # Expired by this clock, or by the time other clocks already witnessed (_clocks):
+            # a clock that went backwards does not revive an entry.
+            if row is None or row.expires_at <= max(now, row.attested):
+                return Missing()
+            with map_errors(f"could not read the {kind} entry"):
+                data = await self._read_entry(kind, key)
+            if isinstance(data, (Missing, Broken)):
+                return data
+            try:
+                # The reference (or, for a summary, the sealed row) is the only digest trusted.
+                await self._backend.run(check_trusted, data, kind, key, row.digest, self._key)
+                value = await decoded_value(data, schema, decode_layout(row.layout))
+            except ValueError as exc:
+                return Broken(detail=f"{kind} entry does not verify: {exc}")
+            # Best-effort and without waiting: a held lock, a full disk or a read-only mount
+            # must not turn an intact entry into an error.
+            await self._backend.run(index.record_use, kind, key, now)
+        return Found(value=value)
+
+    async def _read_entry(self, kind: Kind, key: str) -> bytes | Missing | Broken:
+        try:
+            # Every component from the root down is opened without following links, so a
+            # symlinked fan-out directory cannot redirect the read (UnsafeStoreError).
+            fan_fd = await self._backend.run(open_fanout, self.root, kind, key)
+            try:
+                return await read_all(self._backend, key, fan_fd)
+            finally:
+                os.close(fan_fd)
+        except FileNotFoundError:
+            return Missing()  # evicted by another process between lookup and open
+        except NotRegularFileError as exc:
+            return Broken(detail=f"{kind} entry {exc.strerror}; refusing to read it")
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
+            raise
+
+
+async def _write_all(file: AsyncBinaryFile, piece: bytes | memoryview) -> None:
+    view = memoryview(piece).cast("B")
+    while view:
+        written = await file.write(view)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]

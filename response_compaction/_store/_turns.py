@@ -1,0 +1,79 @@
+"""Per-event-loop turns: CPU work on the loop, and this process's writers of one index.
+
+Many compactions at once on one loop (a task group of 32) each encode pieces on the loop
+thread. Every ready task runs its step before the loop looks at its timers again, so 32 steps
+of a few milliseconds froze a 1 ms heartbeat for 150-400 ms. Taking turns for the CPU-bound
+steps keeps one of them ready at a time; the I/O between them still overlaps.
+
+Writers of one index in this process queue on an event-loop lock instead of each holding a
+worker thread while it polls SQLite's lock (the retry loop stays, for other processes).
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import anyio.lowlevel
+from anyio.lowlevel import RunVar
+
+__all__ = ["cpu_turn", "next_turn", "pace", "writer_turn"]
+
+_CPU: RunVar[anyio.Lock] = RunVar("response_compaction_cpu_turn")
+_PACED: RunVar[list[float]] = RunVar("response_compaction_paced")
+#: Work done on the loop without a schedule point (inline reads) is cut at about this long.
+PACE_SECONDS = 0.001
+_WRITERS: RunVar[dict[str, anyio.Lock]] = RunVar("response_compaction_writer_turns")
+
+
+def cpu_turn() -> anyio.Lock:
+    """The lock CPU-bound steps on this event loop take turns with."""
+    try:
+        return _CPU.get()
+    except LookupError:
+        lock = anyio.Lock(fast_acquire=True)  # no extra trip through the loop when free
+        _CPU.set(lock)
+        return lock
+
+
+async def next_turn() -> None:
+    """Between two CPU-bound steps taken under :func:`cpu_turn`: let the loop and others run."""
+    lock = cpu_turn()
+    lock.release()
+    try:
+        await anyio.lowlevel.checkpoint()
+    finally:
+        await lock.acquire()
+
+
+async def pace() -> None:
+    """After work done inline on the loop: a schedule point once ``PACE_SECONDS`` have passed.
+
+    Small reads complete without ever waiting, so a task reading many in a row would never
+    let the loop run: it yields when this loop last had one of our yields long enough ago.
+    Always a cancellation point.
+    """
+    now = time.perf_counter()
+    try:
+        last = _PACED.get()
+    except LookupError:
+        last = [now]
+        _PACED.set(last)
+    if now - last[0] >= PACE_SECONDS:
+        last[0] = now
+        await anyio.lowlevel.checkpoint()
+    else:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+
+
+def writer_turn(root: str) -> anyio.Lock:
+    """The lock this event loop's writers of ``root``'s index queue on."""
+    try:
+        locks = _WRITERS.get()
+    except LookupError:
+        locks = {}
+        _WRITERS.set(locks)
+    lock = locks.get(root)
+    if lock is None:
+        lock = locks[root] = anyio.Lock()
+    return lock

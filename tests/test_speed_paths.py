@@ -1,0 +1,97 @@
+"""The fast paths keep the guarantees: reuse without rewrite, inline reads, worker cancellation."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import pytest
+
+import response_compaction as rc
+from response_compaction import _pool
+from response_compaction._store import _index
+from tests._store_support import compact, entry_path, hex_of, ref_of, store_root
+from tests.conftest import FakeClock
+from tests.schemas import Exact, Row, Summary, big_exact
+
+pytestmark = pytest.mark.anyio
+
+A = Exact(rows=[Row(id=1, name="alpha")], total=1)
+
+
+async def test_an_intact_live_entry_is_renewed_not_rewritten(
+    harness: rc.Harness, clock: FakeClock
+) -> None:
+    """Compacting a stored value again keeps the same file (inode, mtime) and renews its TTL."""
+    await compact(harness, A, ttl_seconds=100)
+    path = entry_path(store_root(harness.fs), hex_of(A))
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    before = os.stat(path)
+    clock.advance(60)
+    again = await compact(harness, A, ttl_seconds=100)
+    assert again.receipt.exact_cache == "reused"
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    clock.advance(60)  # past the first expiry, before the renewed one
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_a_tampered_entry_is_rewritten_not_renewed(harness: rc.Harness) -> None:
+    """A live entry whose bytes changed on disk is written afresh by the next compaction."""
+    await compact(harness, A)
+    path = entry_path(store_root(harness.fs), hex_of(A))
+    path.write_bytes(path.read_bytes().replace(b"alpha", b"alphb"))
+    again = await compact(harness, A)
+    assert again.receipt.exact_cache == "reused"  # the row was live; the file is new
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_reads_work_whether_or_not_the_index_is_open(harness: rc.Harness) -> None:
+    """A small read finds its value both inline (index open) and through a worker thread."""
+    await compact(harness, A)
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+    _index.close_all()  # nothing open: the read takes a worker thread and opens it
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_an_oversized_small_entry_reads_broken(harness: rc.Harness) -> None:
+    """A small entry padded on disk far beyond its row's size reads Broken, never Found."""
+    await compact(harness, A)
+    path = entry_path(store_root(harness.fs), hex_of(A))
+    path.write_bytes(path.read_bytes() + b" " * (1 << 20))
+    result = await rc.response_compaction_read_exact(harness, ref_of(A), Exact)
+    assert isinstance(result, rc.Broken)
+
+
+async def test_a_cancelled_worker_verification_is_replaced(tmp_path: Path) -> None:
+    """Cancelling a compaction while a worker verifies it leaves a full, working pool."""
+    _pool.POOL.start()
+    cores = _pool.usable_cores()
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= cores, 60)
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path / "ws"), llm=None)
+    options = {"fallback": Summary(overview="x", critical_facts=[]), "ladder": "cheap",
+               "summarize_above_bytes": 1000}  # fmt: skip
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rc.response_compact, harness, big_exact(60_000), Exact, Summary, options)
+        # Until a worker is checked out for this value's verification, then cancel it.
+        assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n < cores, 60)
+        tg.cancel_scope.cancel()
+    # A worker killed by the cancellation is replaced.
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= cores, 60)
+    before = _pool.POOL.calls
+    out = await rc.response_compact(harness, big_exact(60_001), Exact, Summary, options)
+    assert out.receipt.exact_cache == "stored"
+    assert _pool.POOL.calls == before + 1
+
+
+async def test_a_removed_root_is_made_again(harness: rc.Harness) -> None:
+    """A store root deleted while the process runs is recreated by the next call, as before."""
+    await compact(harness, A)
+    shutil.rmtree(store_root(harness.fs))
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
+    again = await compact(harness, A)  # a new store: a new key, so a new reference
+    ref = again.receipt.exact_ref
+    assert await rc.response_compaction_read_exact(harness, ref, Exact) == rc.Found(value=A)

@@ -1,0 +1,127 @@
+"""The verification workers: the library's own entry, never the caller's ``__main__``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import pytest
+
+from response_compaction import _pool
+from tests.schemas import Exact, Row
+
+REPO = Path(__file__).resolve().parent.parent
+
+# An agent script as the README's quickstart writes it: no ``if __name__ == "__main__"``.
+# Every run of its body appends a line to the marker file.
+_SCRIPT = """
+import sys
+from typing import Annotated
+import response_compaction as rc
+from response_compaction import _pool
+from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
+import msgspec
+
+with open(sys.argv[1], "a") as marker:
+    marker.write("ran\\n")
+
+class Local(msgspec.Struct):
+    rows: list[Row]
+    total: Annotated[int, msgspec.Meta(ge=0)]
+
+OPTIONS = {"fallback": FALLBACK, "ladder": "cheap", "summarize_above_bytes": 1000}
+
+async def main():
+    harness = rc.Harness(fs=rc.LocalWorkspace(sys.argv[2]), llm=None)
+    await rc.response_compact(harness, FALLBACK, Summary, Summary, OPTIONS)
+    while _pool.POOL.ready_count() < 1:  # the pool starts in the background
+        await SLEEP(0.01)
+    good = await rc.response_compact(harness, big_exact(20_000), Exact, Summary, OPTIONS)
+    print("good", good.receipt.exact_cache, _pool.POOL.calls)
+    # An instance is taken as it is; only its canonical bytes show total=-1 breaks ge=0.
+    bad = Exact(rows=big_exact(20_000).rows, total=-1)
+    for schema in (Exact, Local):
+        value = bad if schema is Exact else Local(rows=bad.rows, total=-1)
+        try:
+            await rc.response_compact(harness, value, schema, Summary, OPTIONS)
+            print("accepted", schema.__name__)
+        except ValueError:
+            print("refused", schema.__name__)
+    local = await rc.response_compact(harness, Local(rows=big_exact(20_001).rows, total=1),
+                                      Local, Summary, OPTIONS)
+    print("local", local.receipt.exact_cache)
+
+RUN
+"""
+
+_RUNNERS = {
+    "asyncio": ("import asyncio; SLEEP = asyncio.sleep", "asyncio.run(main())"),
+    "trio": ("import trio; SLEEP = trio.sleep", "trio.run(main)"),
+}
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_unguarded_main_runs_once_and_large_values_are_verified(tmp_path: Path, loop: str) -> None:
+    """An unguarded asyncio.run/trio.run script compacts a large value once, never re-run by a
+    worker, and a value whose bytes break the schema is refused, in the worker or the caller."""
+    prelude, run = _RUNNERS[loop]
+    script = tmp_path / "agent.py"
+    script.write_text(prelude + "\n" + textwrap.dedent(_SCRIPT).replace("RUN", run))
+    marker = tmp_path / "marker"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script), str(marker), str(tmp_path / "ws")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "ran\n"
+    lines = done.stdout.splitlines()
+    assert lines[0] == "good stored 1"  # verified by a worker
+    assert lines[1:] == ["refused Exact", "refused Local", "local stored"]
+
+
+class _Nested(msgspec.Struct):
+    rows: list[Row]
+
+
+SCHEMAS: list[Any] = [
+    Exact,
+    list[Row],
+    dict[str, list[int]],
+    Row | None,
+    Any,
+    Literal["a", 1, None],
+    tuple[int, ...],
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=repr)
+def test_schemas_travel_by_reference(schema: Any) -> None:
+    """Module-level types and generics over them are described and resolved to equal schemas."""
+    described = _pool.describe(schema)
+    assert described is not None
+    assert _pool.resolve(msgspec.json.decode(msgspec.json.encode(described))) == schema
+
+
+def test_schemas_in_main_or_functions_are_verified_by_the_caller() -> None:
+    """A schema in ``__main__`` or a function has no description: never imported by a worker."""
+
+    class Inner(msgspec.Struct):
+        a: int
+
+    main_type = type("Main", (msgspec.Struct,), {"__module__": "__main__"})
+    assert _pool.describe(Inner) is None
+    assert _pool.describe(main_type) is None
+    assert _pool.describe(list[Inner]) is None
+    with pytest.raises(LookupError):
+        _pool.resolve(["ref", "__main__", "Main"])
