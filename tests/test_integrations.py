@@ -313,6 +313,17 @@ async def test_read_back_is_capped_and_errors_are_answers(compactor: Compactor) 
     assert missing == {"state": "missing"}
 
 
+async def test_json_string_naming_a_key_twice_is_kept_as_the_string(
+    compactor: Compactor,
+) -> None:
+    """A tool's JSON string with a duplicate key is retained as that string, not half of it."""
+    text = '{"a": 1, "a": 2, "rows": [' + ",".join(["1"] * 20000) + "]}"
+    match = REF.search(await compactor.compact(text))
+    assert match is not None
+    found = await rc.response_compaction_read_exact(compactor.harness, match.group(0), Any)
+    assert found == rc.Found(value=text)
+
+
 async def test_whole_read_back_reply_fits_the_cap(compactor: Compactor) -> None:
     """The reply, with its fields and the echoed pointer, never exceeds max_bytes (async, sync)."""
     small = Compactor(harness=compactor.harness, max_bytes=1000)

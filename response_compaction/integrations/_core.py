@@ -20,6 +20,7 @@ from .._compact import response_compact
 from .._part import MIN_MAX_BYTES
 from .._pydantic import pydantic_plain
 from .._read import response_compaction_read_part
+from .._refusals import duplicate_key_path
 from ..mcp import read_result_as_dict
 
 __all__ = ["READ_EXACT_DESCRIPTION", "AgentSummary", "Compactor"]
@@ -174,10 +175,16 @@ class Compactor:
 def _exact(result: Any) -> Any:
     # Tools often return JSON as a string: retain the value it holds, else the string itself.
     if isinstance(result, str | bytes):
+        text = result if isinstance(result, str) else result.decode("utf-8", "replace")
         try:
-            return msgspec.json.decode(result)
+            value = msgspec.json.decode(result)
         except msgspec.DecodeError:
-            return result if isinstance(result, str) else result.decode("utf-8", "replace")
+            return text
+        # Decoding keeps the last of two equal keys: such JSON is kept as the text it was.
+        try:
+            return text if duplicate_key_path(text.encode()) is not None else value
+        except ValueError:  # keys that cannot be checked: the text is what is certain
+            return text
     return pydantic_plain(result)
 
 
