@@ -322,7 +322,8 @@ async def test_json_string_naming_a_key_twice_is_kept_as_the_string(
     assert match is not None
     found = await rc.response_compaction_read_exact(compactor.harness, match.group(0), Any)
     assert isinstance(found, rc.Found)
-    assert found.value == text
+    stored: object = found.value
+    assert stored == text
 
 
 async def test_whole_read_back_reply_fits_the_cap(compactor: Compactor) -> None:
