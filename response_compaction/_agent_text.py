@@ -19,23 +19,15 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from ._pydantic import pydantic_plain
+from ._pydantic import plain_hook
 
 __all__ = ["MIN_TEXT_BYTES", "agent_json", "agent_text"]
 
 #: Below this a text cannot hold the fixed lines and some of the value.
 MIN_TEXT_BYTES = 1024
 
-
-def _plain(obj: Any) -> Any:
-    # Pydantic schemas give pydantic outputs (also inside lists): shown by alias, as stored.
-    plain = pydantic_plain(obj)
-    if plain is obj:
-        raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
-    return plain
-
-
-_ENCODE = msgspec.json.Encoder(order="sorted", enc_hook=_plain).encode
+# Pydantic schemas give pydantic outputs (also inside lists): shown by alias, as stored.
+_ENCODE = msgspec.json.Encoder(order="sorted", enc_hook=plain_hook).encode
 _LABELS = {"exact": "value", "summarized": "summary", "fallback": "fallback"}
 
 
@@ -130,7 +122,7 @@ def agent_json(
     if max_bytes < MIN_TEXT_BYTES:
         raise ValueError(f"max_bytes must be >= {MIN_TEXT_BYTES}")
     facts = _facts(compacted, read_tool)
-    value = msgspec.to_builtins(compacted.output.value, enc_hook=_plain)
+    value = msgspec.to_builtins(compacted.output.value, enc_hook=plain_hook)
     with_value = {**facts, "value": value}
     if len(_ENCODE(with_value)) <= max_bytes:
         return with_value

@@ -138,6 +138,25 @@ def test_console_script_and_schemas_from_the_working_directory(tmp_path: Path) -
     assert b"does not validate" in bad.stderr
 
 
+def test_pydantic_schema_compacts_and_reads_back(tmp_path: Path) -> None:
+    """``--schema`` naming a pydantic model prints the receipt and the value, no traceback."""
+    (tmp_path / "pschemas.py").write_text(
+        "from pydantic import BaseModel, Field\n\n"
+        "class P(BaseModel):\n"
+        "    x: int\n"
+        "    y: str = Field(alias='why')\n"
+    )
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join((str(REPO), str(tmp_path)))
+    common = ("--root", tmp_path / "root", "--schema", "pschemas:P")
+    done = cli("compact", "-", *common, stdin=b'{"x": 1, "why": "a"}', env=env)
+    assert done.returncode == 0, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["output"] == {"kind": "exact", "value": {"x": 1, "why": "a"}}
+    read = cli("read", result["receipt"]["exact_ref"], *common, env=env)
+    assert (read.returncode, read.stdout) == (0, b'{"why":"a","x":1}\n'), read.stderr.decode()
+
+
 def test_compact_small_then_read_it_back(tmp_path: Path) -> None:
     """A small document comes back exact; ``read`` prints its canonical JSON and exits 0."""
     result = compact(tmp_path, {"b": [1, 2.5, None], "a": "\u00e9"})

@@ -20,6 +20,7 @@ from .._harness import Harness, LocalWorkspace
 from .._ladder import SummaryModel
 from .._models import Broken, CompactionOptions, Found, Missing, Receipt
 from .._part import Part
+from .._pydantic import plain_hook
 from .._read import response_compaction_read_part
 from .._store import open_store
 
@@ -135,7 +136,7 @@ class ModelConfig:
 
 
 def _emit(value: Any) -> None:
-    data = msgspec.json.encode(value)
+    data = msgspec.json.encode(value, enc_hook=plain_hook)
     if sys.stdout.isatty():
         data = msgspec.json.format(data, indent=2)
     sys.stdout.buffer.write(data + b"\n")
@@ -251,7 +252,8 @@ async def _read(args: argparse.Namespace) -> int:
             shown = {k: v for k, v in msgspec.to_builtins(result.value).items() if k != "json"}
             _emit(shown)
             return EXIT_OK
-        sys.stdout.buffer.write(msgspec.json.encode(result.value, order="sorted") + b"\n")
+        data = msgspec.json.encode(result.value, order="sorted", enc_hook=plain_hook)
+        sys.stdout.buffer.write(data + b"\n")
         sys.stdout.flush()
         return EXIT_OK
     if isinstance(result, Missing):
