@@ -26,7 +26,7 @@ from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
 from ._commit import publish
-from ._fileio import AsyncBinaryFile, FileBackend
+from ._fileio import FileBackend, write_all
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import Kind, NotRegularFileError, open_dir, open_fanout, opener, unlink_quietly
 from ._turns import cpu_turn, writer_turn
@@ -165,7 +165,7 @@ class Stepwise:
                 if piece is None:
                     break
                 size += len(piece)
-                await _write_all(file, piece)
+                await write_all(file, piece)
             await backend.run(os.fsync, file.fileno())
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
@@ -232,12 +232,3 @@ class Stepwise:
             if exc.errno == errno.ELOOP:
                 return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
             raise
-
-
-async def _write_all(file: AsyncBinaryFile, piece: bytes | memoryview) -> None:
-    view = memoryview(piece).cast("B")
-    while view:
-        written = await file.write(view)
-        if written <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        view = view[written:]
