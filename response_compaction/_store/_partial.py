@@ -35,7 +35,7 @@ from .._perf import paused_gc
 from .._slices import decode_layout
 from ._fileio import FileBackend
 from ._index import CorruptRowError
-from ._paths import Kind, NotRegularFileError, open_fanout, regular_opener
+from ._paths import Kind, NotRegularFileError, open_entry
 from ._verify import check_trusted
 
 if TYPE_CHECKING:
@@ -214,11 +214,7 @@ def on_entry(
     verify.
     """
     try:
-        fan_fd = open_fanout(root, kind, key)
-        try:
-            fd = regular_opener(fan_fd)(key, os.O_RDONLY)
-        finally:
-            os.close(fan_fd)
+        fd = open_entry(root, kind, key)
     except FileNotFoundError:
         return "missing", None  # evicted by another process between lookup and open
     except NotRegularFileError:

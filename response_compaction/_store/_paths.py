@@ -364,6 +364,15 @@ def regular_opener(dir_fd: int | None) -> Callable[[str, int], int]:
     return open_
 
 
+def open_entry(root: str, kind: Kind, key: str) -> int:
+    """The entry file of ``key`` opened for reading, no link followed on the way (blocking)."""
+    fan_fd = open_fanout(root, kind, key)
+    try:
+        return regular_opener(fan_fd)(key, os.O_RDONLY)
+    finally:
+        os.close(fan_fd)
+
+
 def open_fanout(root: str, kind: Kind, key: str) -> int:
     """The fan-out directory of ``key``, every component checked and opened without links."""
     if not valid_name(kind, key):

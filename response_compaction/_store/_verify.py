@@ -17,7 +17,7 @@ from .._perf import paused_gc
 from .._slices import decode_sliced
 from ._fileio import FileBackend
 from ._index import Entry
-from ._paths import FILE_FLAGS, Kind, open_fanout, regular_opener
+from ._paths import FILE_FLAGS, Kind, open_entry, regular_opener
 from ._turns import cpu_turn, next_turn
 
 __all__ = [
@@ -154,11 +154,7 @@ def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryR
     if entry.corrupt:
         return EntryReport(kind, key, "broken", size, "its index row is corrupt")
     try:
-        fan_fd = open_fanout(root, kind, key)
-        try:
-            fd = regular_opener(fan_fd)(key, os.O_RDONLY)
-        finally:
-            os.close(fan_fd)
+        fd = open_entry(root, kind, key)
     except FileNotFoundError:
         return EntryReport(kind, key, "missing", size)
     except OSError as exc:
