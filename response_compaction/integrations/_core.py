@@ -136,13 +136,17 @@ class Compactor:
         stop: int | None = None,
         max_bytes: int | None = None,
     ) -> str:
-        """:meth:`read` for a worker thread, through the blocking facade."""
-        try:
-            window = self._window(pointer, start, stop, max_bytes)
-            result = sync.response_compaction_read_part(self.harness, exact_ref, **window)
-        except (LookupError, ValueError) as exc:
-            return _json({"state": "error", "detail": str(exc)})
-        return _json(read_result_as_dict(result))
+        """:meth:`read` for a worker thread, run on the blocking facade's loop."""
+        return sync._loop.call(
+            "response_compaction_read_part",
+            self.harness,
+            self.read,
+            exact_ref,
+            pointer,
+            start,
+            stop,
+            max_bytes,
+        )
 
     def _window(
         self, pointer: str, start: int | None, stop: int | None, max_bytes: int | None
