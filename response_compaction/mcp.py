@@ -26,8 +26,10 @@ The ``mcp`` SDK is imported only when a server is built, so the core install wor
 
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -44,6 +46,10 @@ __all__ = (
     "read_result_as_dict",
     "serve_stdio",
 )
+
+R = TypeVar("R")
+#: The read-back's body: exact_ref, pointer, start, stop, max_bytes.
+ReadBody = Callable[[str, str, int | None, int | None, int | None], Awaitable[R]]
 
 #: What one reply may hold, text and structured content together, unless the host says.
 DEFAULT_MAX_BYTES = 100_000
@@ -118,30 +124,9 @@ def add_read_exact_tool(
     if part_cap < MIN_MAX_BYTES:
         raise ValueError(f"max_bytes must be >= {2 * MIN_MAX_BYTES + _REPLY_OVERHEAD}")
 
-    async def read_exact(
-        exact_ref: str,
-        pointer: str = "",
-        start: int | None = None,
-        stop: int | None = None,
-        max_bytes: int | None = None,
-    ) -> Any:
-        # The pointer is echoed twice (header and structured content), the part's JSON too.
-        room = part_cap - len(msgspec.json.encode(pointer)) if isinstance(pointer, str) else 0
-        limit = room if max_bytes is None else min(max_bytes, room)
-        if room < MIN_MAX_BYTES:
-            return _error(types, "pointer is too long for this server's reply cap")
-        try:
-            if exact_schema is not Any:
-                checked = await response_compaction_read_exact(harness, exact_ref, exact_schema)
-                if not isinstance(checked, Found):
-                    return _reply(types, checked)
-            result = await response_compaction_read_part(
-                harness, exact_ref, pointer=pointer, start=start, stop=stop, max_bytes=limit
-            )
-        except (ValueError, LookupError) as exc:
-            return _error(types, str(exc))
-        return _reply(types, result)
-
+    read_exact = read_tool_function(
+        functools.partial(_answer, types, harness, exact_schema, part_cap)
+    )
     # The SDK passes a CallToolResult through as it is (no schema, no pretty-printed copy).
     read_exact.__annotations__["return"] = types.CallToolResult
     server.add_tool(
@@ -152,6 +137,53 @@ def add_read_exact_tool(
             title="Read an exact value", readOnlyHint=True, openWorldHint=False
         ),
     )
+
+
+def read_tool_function(body: ReadBody[R]) -> Callable[..., Awaitable[R]]:
+    """``body`` as the coroutine function ``read_exact``, typed for every host and framework.
+
+    Its parameters become the read-back tool's input schema: one definition for all of them.
+    """
+
+    async def read_exact(
+        exact_ref: str,
+        pointer: str = "",
+        start: int | None = None,
+        stop: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Any:
+        return await body(exact_ref, pointer, start, stop, max_bytes)
+
+    return read_exact
+
+
+async def _answer(
+    types: Any,
+    harness: Any,
+    exact_schema: Any,
+    part_cap: int,
+    exact_ref: str,
+    pointer: str,
+    start: int | None,
+    stop: int | None,
+    max_bytes: int | None,
+) -> Any:
+    # The pointer is echoed twice (header and structured content), the part's JSON too.
+    room = part_cap - len(msgspec.json.encode(pointer)) if isinstance(pointer, str) else 0
+    limit = room if max_bytes is None else min(max_bytes, room)
+    if room < MIN_MAX_BYTES:
+        return _error(types, "pointer is too long for this server's reply cap")
+    try:
+        if exact_schema is not Any:
+            checked = await response_compaction_read_exact(harness, exact_ref, exact_schema)
+            if not isinstance(checked, Found):
+                return _reply(types, checked)
+        result = await response_compaction_read_part(
+            harness, exact_ref, pointer=pointer, start=start, stop=stop, max_bytes=limit
+        )
+    except (ValueError, LookupError) as exc:
+        return _error(types, str(exc))
+    return _reply(types, result)
 
 
 def _error(types: Any, message: str) -> Any:

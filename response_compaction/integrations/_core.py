@@ -21,7 +21,7 @@ from .._part import MIN_MAX_BYTES
 from .._pydantic import pydantic_plain
 from .._read import response_compaction_read_part
 from .._refusals import duplicate_key_path
-from ..mcp import read_result_as_dict
+from ..mcp import read_result_as_dict, read_tool_function
 
 __all__ = ["READ_EXACT_DESCRIPTION", "AgentSummary", "Compactor"]
 
@@ -161,16 +161,8 @@ class Compactor:
 
     def read_function(self) -> Callable[..., Any]:
         """:meth:`read` as a coroutine function named ``read_tool``, documented for a model."""
-
-        async def read_exact(
-            exact_ref: str,
-            pointer: str = "",
-            start: int | None = None,
-            stop: int | None = None,
-            max_bytes: int | None = None,
-        ) -> str:
-            return await self.read(exact_ref, pointer, start, stop, max_bytes)
-
+        read_exact = read_tool_function(self.read)
+        read_exact.__annotations__["return"] = str
         read_exact.__name__ = read_exact.__qualname__ = self.read_tool
         read_exact.__doc__ = READ_EXACT_DESCRIPTION
         return read_exact
