@@ -34,7 +34,6 @@ from .._models import Broken, Missing
 from .._perf import paused_gc
 from .._slices import decode_layout
 from ._fileio import FileBackend
-from ._index import CorruptRowError
 from ._paths import Kind, NotRegularFileError, open_entry
 from ._verify import check_trusted
 
@@ -87,13 +86,9 @@ async def get_checked(
     """
     now = store.clock()
     async with store._using_index() as index:
-        try:
-            row = await store._patiently(index.lookup, kind, key, now)
-        except CorruptRowError:
-            return Broken(detail=f"{kind} entry's index row is corrupt")
-        # As Store.get: expired by this clock or by the time other clocks witnessed (_clocks).
-        if row is None or row.expires_at <= max(now, row.attested):
-            return Missing()
+        row = await store._live_row(index, kind, key, now)
+        if isinstance(row, (Missing, Broken)):
+            return row
         spans = decode_layout(row.layout)
         # The reference (or, for a summary, the sealed row) is the only digest trusted.
         check = partial(check_trusted, kind=kind, key=key, recorded=row.digest, secret=store._key)

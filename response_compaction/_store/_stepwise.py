@@ -192,14 +192,9 @@ class Stepwise:
     ) -> Found[Any] | Missing | Broken:
         now = self.clock()
         async with self._using_index() as index:
-            try:
-                row = await self._patiently(index.lookup, kind, key, now)
-            except CorruptRowError:
-                return Broken(detail=f"{kind} entry's index row is corrupt")
-            # Expired by this clock, or by the time other clocks already witnessed (_clocks):
-            # a clock that went backwards does not revive an entry.
-            if row is None or row.expires_at <= max(now, row.attested):
-                return Missing()
+            row = await self._live_row(index, kind, key, now)
+            if isinstance(row, (Missing, Broken)):
+                return row
             with map_errors(f"could not read the {kind} entry"):
                 data = await self._read_entry(kind, key)
             if isinstance(data, (Missing, Broken)):
@@ -214,6 +209,20 @@ class Stepwise:
             # must not turn an intact entry into an error.
             await self._backend.run(index.record_use, kind, key, now)
         return Found(value=value)
+
+    async def _live_row(
+        self, index: Index, kind: Kind, key: str, now: float
+    ) -> Row | Missing | Broken:
+        """The index row of an entry a read may use, or why there is none."""
+        try:
+            row = await self._patiently(index.lookup, kind, key, now)
+        except CorruptRowError:
+            return Broken(detail=f"{kind} entry's index row is corrupt")
+        # Expired by this clock, or by the time other clocks already witnessed (_clocks):
+        # a clock that went backwards does not revive an entry.
+        if row is None or row.expires_at <= max(now, row.attested):
+            return Missing()
+        return row
 
     async def _read_entry(self, kind: Kind, key: str) -> bytes | Missing | Broken:
         try:
