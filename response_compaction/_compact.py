@@ -10,9 +10,11 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeVar, overload
 
+import anyio.lowlevel
 from msgspec import UNSET, UnsetType
 
-from ._canonical import Span, iter_canonical, to_exact_value
+from ._canonical import Span, iter_canonical
+from ._convert import convert_exact
 from ._digest import DIGEST_PREFIX
 from ._harness import HarnessLike
 from ._ladder import Source
@@ -86,7 +88,7 @@ async def response_compact(
     # Checked with or without a model, so a test on llm=None refuses what production would.
     json_schema = strict_json_schema(summary_schema)
     routes = () if llm is None else tuple(llm.routes(opts.ladder))
-    value = to_exact_value(exact_response, exact_schema)
+    value = await convert_exact(exact_response, exact_schema, anyio.lowlevel.checkpoint)
     store = await open_store(harness.fs)
     head = Head.for_options(opts, model=llm is not None)
     layout: list[Span] = []

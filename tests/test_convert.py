@@ -1,0 +1,141 @@
+"""Large builtins and ``msgspec.Raw`` inputs: converted in slices, same value, loop kept turning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import msgspec
+import pytest
+
+import response_compaction as rc
+from response_compaction._canonical import canonical_bytes, to_exact_value
+from response_compaction._convert import SLICE_ITEMS_FROM, convert_exact
+from tests._store_support import compact
+from tests.schemas import Exact, Row, big_exact
+
+pytestmark = pytest.mark.anyio
+
+ROWS = 3 * SLICE_ITEMS_FROM
+
+
+class Keyed(msgspec.Struct, frozen=True):
+    """A row whose keys the schema parses: ``"1"`` and ``"1.0"`` become one key."""
+
+    id: int
+    weights: dict[float, int]
+
+
+class KeyedRows(msgspec.Struct, frozen=True):
+    rows: list[Keyed]
+
+
+def _inputs(value: Any) -> dict[str, Any]:
+    return {"builtins": msgspec.to_builtins(value), "raw": msgspec.Raw(msgspec.json.encode(value))}
+
+
+class _Heartbeat:
+    """A task that counts its own turns of the loop, and what a checkpoint saw of them."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.seen: list[int] = []
+        self.stop = anyio.Event()
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            self.ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async def checkpoint(self) -> None:
+        # Wait for the heartbeat's next turn (schedulers may run tasks in any order per batch).
+        self.seen.append(self.ticks)
+        while self.ticks == self.seen[-1]:
+            await anyio.lowlevel.checkpoint()
+
+
+async def _converted_with_heartbeat(given: Any, schema: Any) -> tuple[Any, _Heartbeat]:
+    beat = _Heartbeat()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(beat.run)
+        await anyio.lowlevel.checkpoint()  # the heartbeat has started
+        try:
+            value = await convert_exact(given, schema, beat.checkpoint)
+        finally:
+            beat.stop.set()
+    return value, beat
+
+
+@pytest.mark.parametrize("kind", ["builtins", "raw"])
+async def test_large_input_converts_to_the_typed_value(kind: str) -> None:
+    """A long list given as builtins or Raw JSON becomes the typed value, canonical bytes alike."""
+    typed = big_exact(ROWS)
+    value, _ = await _converted_with_heartbeat(_inputs(typed)[kind], Exact)
+    assert value == typed
+    assert canonical_bytes(value) == canonical_bytes(typed)
+
+
+@pytest.mark.parametrize("kind", ["builtins", "raw"])
+async def test_top_level_list_converts_in_slices(kind: str) -> None:
+    """A top-level ``list[T]`` input is cut too, and gives the same list as a whole conversion."""
+    typed = big_exact(ROWS).rows
+    value, beat = await _converted_with_heartbeat(_inputs(typed)[kind], list[Row])
+    assert value == typed
+    assert len(beat.seen) > 2
+
+
+@pytest.mark.parametrize("kind", ["builtins", "raw"])
+async def test_loop_keeps_turning_during_conversion(kind: str) -> None:
+    """The conversion yields between slices, and the heartbeat task runs at each of those yields."""
+    _, beat = await _converted_with_heartbeat(_inputs(big_exact(ROWS))[kind], Exact)
+    assert len(beat.seen) > 2
+    assert beat.seen == sorted(set(beat.seen))  # it ticked between every two slices
+
+
+@pytest.mark.parametrize("kind", ["builtins", "raw"])
+async def test_receipt_matches_the_typed_value(harness: rc.Harness, kind: str) -> None:
+    """Compacting the builtins or Raw form stores the very entry the typed value does."""
+    typed = big_exact(ROWS)
+    given = await compact(harness, _inputs(typed)[kind])
+    expected = await compact(harness, typed)
+    assert given.receipt.exact_digest == expected.receipt.exact_digest
+    assert given.receipt.exact_bytes == expected.receipt.exact_bytes
+    assert expected.receipt.exact_cache == "reused"
+
+
+@pytest.mark.parametrize("kind", ["builtins", "raw"])
+async def test_invalid_item_deep_inside_names_its_path(kind: str) -> None:
+    """A wrong type far inside the long list is refused with its path in the whole input."""
+    plain = msgspec.to_builtins(big_exact(ROWS))
+    plain["rows"][ROWS - 7]["id"] = "secret-value"
+    given = plain if kind == "builtins" else msgspec.Raw(msgspec.json.encode(plain))
+    with pytest.raises(ValueError) as whole:
+        to_exact_value(given, Exact)
+    with pytest.raises(ValueError) as sliced:
+        await convert_exact(given, Exact, anyio.lowlevel.checkpoint)
+    assert str(sliced.value) == str(whole.value)
+    assert f"`$.rows[{ROWS - 7}].id`" in str(sliced.value)
+    assert "secret" not in str(sliced.value)
+
+
+@pytest.mark.parametrize("kind", ["builtins", "raw"])
+async def test_merged_keys_deep_inside_are_refused(kind: str) -> None:
+    """Two keys the schema reads as one, far inside the long list, are still refused."""
+    plain: dict[str, Any] = {"rows": [{"id": i, "weights": {"1": i}} for i in range(ROWS)]}
+    plain["rows"][ROWS - 3]["weights"] = {"1": 1, "1.0": 2}
+    given = plain if kind == "builtins" else msgspec.Raw(msgspec.json.encode(plain))
+    with pytest.raises(ValueError) as whole:
+        to_exact_value(given, KeyedRows)
+    with pytest.raises(ValueError) as sliced:
+        await convert_exact(given, KeyedRows, anyio.lowlevel.checkpoint)
+    assert str(sliced.value) == str(whole.value)
+    assert f"`$.rows[{ROWS - 3}].weights`" in str(sliced.value)
+
+
+async def test_nan_deep_inside_builtins_is_refused(harness: rc.Harness) -> None:
+    """A NaN far inside a builtins list is refused before anything is stored, as for typed."""
+    plain = msgspec.to_builtins(big_exact(ROWS))
+    plain["rows"][ROWS - 5]["score"] = float("nan")
+    with pytest.raises(ValueError, match=rf"NaN or infinity at `\$\.rows\[{ROWS - 5}\]\.score`"):
+        await compact(harness, plain)
