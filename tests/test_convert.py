@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import anyio
@@ -21,10 +22,10 @@ ROWS = 3 * SLICE_ITEMS_FROM
 
 
 class Keyed(msgspec.Struct, frozen=True):
-    """A row whose keys the schema parses: ``"1"`` and ``"1.0"`` become one key."""
+    """A row whose keys the schema parses: two spellings of one UUID become one key."""
 
     id: int
-    weights: dict[float, int]
+    weights: dict[uuid.UUID, int]
 
 
 class KeyedRows(msgspec.Struct, frozen=True):
@@ -122,8 +123,9 @@ async def test_invalid_item_deep_inside_names_its_path(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["builtins", "raw"])
 async def test_merged_keys_deep_inside_are_refused(kind: str) -> None:
     """Two keys the schema reads as one, far inside the long list, are still refused."""
-    plain: dict[str, Any] = {"rows": [{"id": i, "weights": {"1": i}} for i in range(ROWS)]}
-    plain["rows"][ROWS - 3]["weights"] = {"1": 1, "1.0": 2}
+    key = "12345678-1234-5678-1234-567812345678"
+    plain: dict[str, Any] = {"rows": [{"id": i, "weights": {key: i}} for i in range(ROWS)]}
+    plain["rows"][ROWS - 3]["weights"] = {key: 1, key.replace("-", ""): 2}
     given = plain if kind == "builtins" else msgspec.Raw(msgspec.json.encode(plain))
     with pytest.raises(ValueError) as whole:
         to_exact_value(given, KeyedRows)
