@@ -29,6 +29,7 @@ from ._canonical import to_exact_value
 from ._messages import content_free
 from ._perf import paused_gc
 from ._pydantic import is_pydantic_schema
+from ._raw import decode_raw_sliced
 from ._refusals import keys_may_merge, merged_key_path
 
 __all__ = ["SLICE_ITEMS_FROM", "convert_exact"]
@@ -48,12 +49,14 @@ async def convert_exact(
 
     Same value and the same ``ValueError`` cases as :func:`to_exact_value`.
     """
+    if isinstance(response, msgspec.Raw) and not is_pydantic_schema(schema):
+        return await decode_raw_sliced(response, schema, checkpoint)
     cut = _plan(response, schema)
     if cut is None:
         return to_exact_value(response, schema)
     attr, items, item_list_type, outer = cut
     try:
-        head = msgspec.convert(outer, schema) if attr is not None else None
+        head: Any = msgspec.convert(outer, schema) if attr is not None else None
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return to_exact_value(response, schema)  # msgspec's own first error, whole
     where = "$" if attr is None else f"$.{_encode_name(schema, attr)}"
@@ -63,7 +66,9 @@ async def convert_exact(
     if converted is None or (merge and merged_key_path(head, outer) is not None):
         # Two keys the schema reads as one: the whole check names the first pair (error path).
         return to_exact_value(response, schema)
-    return converted if attr is None else msgspec.structs.replace(head, **{attr: converted})
+    if attr is None:
+        return converted
+    return msgspec.structs.replace(head, **{attr: converted})
 
 
 def _plan(response: Any, schema: Any) -> tuple[str | None, list[Any], Any, Any] | None:

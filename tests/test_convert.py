@@ -13,12 +13,13 @@ import pytest
 import response_compaction as rc
 from response_compaction._canonical import canonical_bytes, to_exact_value
 from response_compaction._convert import SLICE_ITEMS_FROM, convert_exact
+from response_compaction._raw import RAW_FROM
 from tests._store_support import compact
 from tests.schemas import Exact, Row, big_exact
 
 pytestmark = pytest.mark.anyio
 
-ROWS = 3 * SLICE_ITEMS_FROM
+ROWS = 32_000  # over RAW_FROM as JSON text, over SLICE_ITEMS_FROM as builtins
 
 
 class Keyed(msgspec.Struct, frozen=True):
@@ -30,6 +31,12 @@ class Keyed(msgspec.Struct, frozen=True):
 
 class KeyedRows(msgspec.Struct, frozen=True):
     rows: list[Keyed]
+
+
+def test_inputs_are_large_enough_to_be_cut() -> None:
+    """The inputs here are over both thresholds, so the sliced paths are the ones tested."""
+    assert ROWS >= SLICE_ITEMS_FROM
+    assert len(msgspec.json.encode(big_exact(ROWS))) >= 2 * RAW_FROM
 
 
 def _inputs(value: Any) -> dict[str, Any]:
@@ -111,9 +118,9 @@ async def test_invalid_item_deep_inside_names_its_path(kind: str) -> None:
     plain = msgspec.to_builtins(big_exact(ROWS))
     plain["rows"][ROWS - 7]["id"] = "secret-value"
     given = plain if kind == "builtins" else msgspec.Raw(msgspec.json.encode(plain))
-    with pytest.raises(ValueError) as whole:
+    with pytest.raises(ValueError, match="does not validate") as whole:
         to_exact_value(given, Exact)
-    with pytest.raises(ValueError) as sliced:
+    with pytest.raises(ValueError, match="does not validate") as sliced:
         await convert_exact(given, Exact, anyio.lowlevel.checkpoint)
     assert str(sliced.value) == str(whole.value)
     assert f"`$.rows[{ROWS - 7}].id`" in str(sliced.value)
@@ -127,9 +134,9 @@ async def test_merged_keys_deep_inside_are_refused(kind: str) -> None:
     plain: dict[str, Any] = {"rows": [{"id": i, "weights": {key: i}} for i in range(ROWS)]}
     plain["rows"][ROWS - 3]["weights"] = {key: 1, key.replace("-", ""): 2}
     given = plain if kind == "builtins" else msgspec.Raw(msgspec.json.encode(plain))
-    with pytest.raises(ValueError) as whole:
+    with pytest.raises(ValueError, match="reads as one key") as whole:
         to_exact_value(given, KeyedRows)
-    with pytest.raises(ValueError) as sliced:
+    with pytest.raises(ValueError, match="reads as one key") as sliced:
         await convert_exact(given, KeyedRows, anyio.lowlevel.checkpoint)
     assert str(sliced.value) == str(whole.value)
     assert f"`$.rows[{ROWS - 3}].weights`" in str(sliced.value)
@@ -141,3 +148,58 @@ async def test_nan_deep_inside_builtins_is_refused(harness: rc.Harness) -> None:
     plain["rows"][ROWS - 5]["score"] = float("nan")
     with pytest.raises(ValueError, match=rf"NaN or infinity at `\$\.rows\[{ROWS - 5}\]\.score`"):
         await compact(harness, plain)
+
+
+def _rows_text(rows: int = ROWS) -> bytes:
+    return msgspec.json.encode(big_exact(rows))
+
+
+async def test_duplicate_key_deep_inside_raw_is_refused() -> None:
+    """JSON text naming one key twice far inside the long array is refused with its path."""
+    text = _rows_text()
+    at = text.rindex(b'{"id":')
+    given = msgspec.Raw(text[:at] + b'{"id":1,' + text[at + 1 :])
+    with pytest.raises(ValueError, match="names one key twice") as whole:
+        to_exact_value(given, Exact)
+    with pytest.raises(ValueError, match="names one key twice") as sliced:
+        await convert_exact(given, Exact, anyio.lowlevel.checkpoint)
+    assert str(sliced.value) == str(whole.value)
+    assert f"`$[...][{ROWS - 1}]`" in str(sliced.value)
+
+
+async def test_malformed_raw_deep_inside_gives_the_whole_error() -> None:
+    """Text broken far inside the array gets msgspec's own error for the whole text."""
+    text = _rows_text()
+    at = text.rindex(b',{"id":')
+    given = msgspec.Raw(text[:at] + b",," + text[at + 1 :])
+    with pytest.raises(ValueError, match="malformed") as whole:
+        to_exact_value(given, Exact)
+    with pytest.raises(ValueError, match="malformed") as sliced:
+        await convert_exact(given, Exact, anyio.lowlevel.checkpoint)
+    assert str(sliced.value) == str(whole.value)
+
+
+class Wrapper(msgspec.Struct, frozen=True):
+    meta: dict[str, Any]
+    rows: list[Row]
+
+
+async def test_raw_cuts_only_the_top_level_array() -> None:
+    """A nested key spelled like the list field, met first, is not mistaken for the field."""
+    rows = big_exact(ROWS).rows
+    nested = {"rows": [1, "two"]}  # not Row items: cutting this would refuse a valid input
+    text = msgspec.json.encode({"meta": nested, "rows": rows})
+    value = await convert_exact(msgspec.Raw(text), Wrapper, anyio.lowlevel.checkpoint)
+    assert value == Wrapper(meta=nested, rows=rows)
+
+
+async def test_raw_with_whitespace_and_top_level_key_twice() -> None:
+    """Pretty-printed text converts alike, and a top-level key given twice is still refused."""
+    typed = big_exact(ROWS)
+    pretty = msgspec.json.format(msgspec.json.encode(typed), indent=2)
+    value, beat = await _converted_with_heartbeat(msgspec.Raw(pretty), Exact)
+    assert value == typed
+    assert len(beat.seen) > 2
+    twice = msgspec.Raw(pretty[:-1] + b', "rows": []}')
+    with pytest.raises(ValueError, match=r"names one key twice at `\$`"):
+        await convert_exact(twice, Exact, anyio.lowlevel.checkpoint)
