@@ -18,7 +18,7 @@ CAVEATS = (
     "Warm page cache: caches cannot be dropped here, so reads come from memory, and the disk's"
     " fsync (measured above) is a virtual disk's, which is cheaper than most real disks.",
     "The floor is single-threaded raw calls that never yield; the library may use the second"
-    " core (a to_process worker verifies large values), so it can beat the floor on wall time.",
+    " core (a pool worker verifies large values), so it can beat the floor on wall time.",
     "The floor, like the library, fsyncs the file and the directory and pauses the GC while it"
     " decodes; with the GC on, a big typed decode costs about 3x more.",
     "diskcache stores the canonical bytes as given (no encode, decode, digest or fsync); the"
@@ -343,7 +343,7 @@ def render(suite: Suite, meta: dict[str, Any], goals: list[Target]) -> str:
         )
         lines.append(
             "  retained: RSS growth still held when the call returns (the returned value);"
-            " worker: the anyio to_process helper's VmHWM (absolute, and growth during the call)."
+            " worker: the pool workers' largest VmHWM (absolute, and growth during the call)."
         )
         if not all(mem.reset_ok for mem in suite.memory):
             lines.append("  note: VmHWM could not be reset; growth is measured from the build peak")

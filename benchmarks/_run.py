@@ -278,7 +278,7 @@ class Suite:
             _check(out.receipt.exact_cache == expect, out.receipt)
             return out
 
-        # Warm-up, untimed: starts the to_process worker, builds decoders, fills page cache.
+        # Warm-up, untimed: lets the worker pool start, builds decoders, fills page cache.
         # This store keeps the value: the cache-hit and read steps use it.
         home = await fresh()
         settle()

@@ -1,6 +1,6 @@
 """Workloads: typed msgspec schemas and deterministic generators sized by canonical bytes.
 
-The schemas live at module level so that ``anyio.to_process`` workers can unpickle them by
+The schemas live at module level so that the library's pool workers can import them by
 reference (the library verifies large values in a worker process). Every generator is seeded:
 the same name and size give the same bytes on every run and every machine.
 """

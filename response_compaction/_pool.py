@@ -17,6 +17,9 @@ The pool has one worker per usable core, is started in the background when the f
 of the process is opened (so it is warm before the first large value), is shared by every
 store and event loop of the process, and is shut down at interpreter exit. A call finding no
 idle worker verifies in the caller: the caller's core is one more worker.
+
+Workers also cut a part of a large stored entry for ``read_part`` (request kind ``part``,
+see ``_store._partial``): they read it, check its keyed digest and send back only the part.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import msgspec
 __all__ = [
     "NOT_DONE",
     "POOL",
+    "call",
     "describe",
     "receive",
     "resolve",
@@ -203,7 +207,7 @@ class Pool:
         self._started = False
         self._closed = False
         self._pid = os.getpid()
-        #: Verifications answered by a worker (tests and benchmarks read it).
+        #: Requests answered by a worker (tests and benchmarks read it).
         self.calls = 0
         self._threads: list[threading.Thread] = []
 
@@ -312,23 +316,13 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
-    """Have an idle worker verify the file at ``path``: what is wrong, None, or NOT_DONE."""
+async def call(request: dict[str, Any]) -> Any:
+    """An idle worker's reply to ``request``, or NOT_DONE (none idle, or it could not do it)."""
     import anyio.to_thread
 
-    description = describe(schema)
-    if description is None:
-        return NOT_DONE
     worker = POOL.checkout()
     if worker is None:
         return NOT_DONE
-    request = {
-        "path": path,
-        "digest": hex_digest,
-        "size": size,
-        "key": key,
-        "schema": msgspec.json.encode(description).decode(),
-    }
     try:
         reply = await anyio.to_thread.run_sync(worker.call, request, abandon_on_cancel=True)
     except BaseException:
@@ -341,4 +335,22 @@ async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes)
     if "error" in reply:
         return NOT_DONE
     POOL.calls += 1
-    return reply["problem"]
+    return reply
+
+
+async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
+    """Have an idle worker verify the file at ``path``: what is wrong, None, or NOT_DONE."""
+    description = describe(schema)
+    if description is None:
+        return NOT_DONE
+    reply = await call(
+        {
+            "op": "verify",
+            "path": path,
+            "digest": hex_digest,
+            "size": size,
+            "key": key,
+            "schema": msgspec.json.encode(description).decode(),
+        }
+    )
+    return reply if reply is NOT_DONE else reply["problem"]

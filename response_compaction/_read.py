@@ -6,7 +6,6 @@ they hash to the digest the reference names, and the part is cut from those byte
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import anyio.lowlevel
@@ -19,7 +18,7 @@ from ._part_index import Node, index_document, remember
 from ._refs import MalformedRefError, parse_exact_ref
 from ._store import open_store
 from ._store._fileio import current_backend
-from ._store._partial import get_checked
+from ._store._partial import WholeWork, get_checked
 
 __all__ = ["response_compaction_read_part"]
 
@@ -74,9 +73,7 @@ async def response_compaction_read_part(
             "exact",
             parsed.hex,
             work,
-            whole_work=functools.partial(
-                _part_with_node, pointer=pointer, start=start, stop=stop, max_bytes=max_bytes
-            ),
+            whole=_whole_part(pointer, start, stop, max_bytes),
         )
     except msgspec.DecodeError as exc:
         return Broken(detail=f"exact entry does not verify: not JSON ({exc})")
@@ -88,8 +85,24 @@ async def response_compaction_read_part(
     return Found(value=part)
 
 
-def _part_with_node(
-    data: bytes, *, pointer: str, start: int | None, stop: int | None, max_bytes: int
-) -> tuple[Node | None, Part]:
-    """For a worker process: the part, and no node (a node holds the whole document)."""
-    return None, part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)
+def _whole_part(
+    pointer: str, start: int | None, stop: int | None, max_bytes: int
+) -> WholeWork[tuple[Node | None, Part]]:
+    """The part cut from a large entry's bytes, in a pool worker or a thread, and no node.
+
+    A node holds the whole document: it would not travel, and is not worth keeping.
+    """
+    args: dict[str, Any] = {
+        "pointer": pointer,
+        "start": start,
+        "stop": stop,
+        "max_bytes": max_bytes,
+    }
+
+    def local(data: bytes) -> tuple[Node | None, Part]:
+        return None, part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)
+
+    def from_reply(encoded: bytes) -> tuple[Node | None, Part]:
+        return None, msgspec.msgpack.decode(encoded, type=Part)
+
+    return WholeWork(op="part", args=args, local=local, from_reply=from_reply)

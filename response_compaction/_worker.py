@@ -2,7 +2,9 @@
 
 Nothing in the package imports this module: it only ever runs as the worker's ``__main__``.
 It reads requests from stdin and writes replies to a copy of stdout (stdout itself goes to
-stderr, so whatever a schema's module prints cannot corrupt the replies).
+stderr, so whatever a schema's module prints cannot corrupt the replies). Two request kinds:
+``verify`` (a fresh temporary file against its digest and schema) and ``part`` (a part of a
+stored entry, cut only from bytes whose keyed digest checks; see ``_store._partial``).
 """
 
 from __future__ import annotations
@@ -11,11 +13,51 @@ import functools
 import gc
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
+from ._part import part_of
 from ._pool import receive, resolve, send
-from ._store._verify import verify_path
+from ._store._partial import RAISED, on_entry
+from ._store._verify import check_trusted, verify_path
+
+#: Work on a whole entry's bytes, by request kind: ``args`` in, a msgpack-encodable result out.
+_WHOLE_WORK: dict[str, Callable[..., Any]] = {"part": part_of}
+
+
+def _verify(request: dict[str, Any], load: Callable[[str], Any]) -> dict[str, Any]:
+    try:
+        schema = load(request["schema"])
+    except Exception as exc:  # the schema's module may raise anything while importing
+        return {"error": f"cannot load the schema: {type(exc).__name__}"}
+    try:
+        problem = verify_path(
+            request["path"], request["digest"], request["size"], schema, request["key"]
+        )
+    except OSError as exc:
+        return {"error": f"cannot read the file: {exc.strerror or 'OSError'}"}
+    return {"problem": problem}
+
+
+def _whole(request: dict[str, Any]) -> dict[str, Any]:
+    """What ``on_entry`` found, as plain data; ``error`` sends the job back to the caller."""
+    keywords = request["check"]
+    check = functools.partial(check_trusted, **keywords)
+    work = functools.partial(_WHOLE_WORK[request["op"]], **request["args"])
+    state, payload = on_entry(request["root"], keywords["kind"], keywords["key"], check, work)
+    if state == "raised":
+        tag = RAISED.get(type(payload))
+        if tag is None:  # raised again by the caller's own thread, as it would be there
+            return {"error": f"the work raised {type(payload).__name__}"}
+        return {"raised": [tag, str(payload)]}
+    if state == "ok":
+        try:
+            return {"ok": msgspec.msgpack.encode(payload)}
+        except (TypeError, ValueError, OverflowError) as exc:  # e.g. an int beyond 64 bits
+            return {"error": f"cannot send the result: {type(exc).__name__}"}
+    return {state: payload}
 
 
 def _serve() -> None:
@@ -30,19 +72,8 @@ def _serve() -> None:
             request = receive(requests)
         except EOFError:
             return
-        try:
-            schema = load(request["schema"])
-        except Exception as exc:  # the schema's module may raise anything while importing
-            send(replies, {"error": f"cannot load the schema: {type(exc).__name__}"})
-            continue
-        try:
-            problem = verify_path(
-                request["path"], request["digest"], request["size"], schema, request["key"]
-            )
-        except OSError as exc:
-            send(replies, {"error": f"cannot read the file: {exc.strerror or 'OSError'}"})
-            continue
-        send(replies, {"problem": problem})
+        op = request.get("op")
+        send(replies, _verify(request, load) if op == "verify" else _whole(request))
 
 
 if __name__ == "__main__":

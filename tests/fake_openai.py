@@ -13,6 +13,7 @@ Nothing here sleeps: a held request waits on a ``threading.Event``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -152,6 +153,7 @@ class FakeOpenAI:
         self._arrived: dict[str, threading.Event] = {}
         self._release = threading.Event()
         self._closing = threading.Event()
+        self._open: set[socket.socket] = set()  # live client connections, woken at close
         self.requests: list[Request] = []
         self.errors: list[BaseException] = []
         self._http = _Server(("127.0.0.1", 0), _handler_for(self))
@@ -215,6 +217,11 @@ class FakeOpenAI:
         self._closing.set()
         self._release.set()
         self._http.shutdown()
+        with self._lock:
+            idle = list(self._open)
+        for sock in idle:  # an idle keep-alive connection would hold its thread for 30 s
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)
         self._http.server_close()  # joins the handler threads (block_on_close)
         self._thread.join()
 
@@ -298,6 +305,12 @@ def _handler_for(owner: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             super().setup()
             with owner._lock:
                 owner.connections += 1
+                owner._open.add(self.connection)
+
+        def finish(self) -> None:
+            with owner._lock:
+                owner._open.discard(self.connection)
+            super().finish()
 
         def do_POST(self) -> None:
             started = time.perf_counter()

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from response_compaction._canonical import canonical_bytes, iter_canonical, to_exact_value
@@ -127,6 +127,10 @@ def test_big_integers_next_to_null_are_exact(big: int, nulls: int) -> None:
 @given(value=_values(_FLOATS), bad=_NON_FINITE, where=st.integers(min_value=0, max_value=4))
 def test_a_nested_non_finite_float_is_always_refused(value: Any, bad: float, where: int) -> None:
     """A NaN or infinity wrapped in any mix of containers is refused, never written as null."""
+    try:
+        canonical_bytes(value)
+    except ValueError:
+        assume(False)  # refused on its own (e.g. colliding keys): the NaN is not what is tested
     wrapped: list[Any] = [
         (value, bad),
         [value, {"k": (bad,)}],

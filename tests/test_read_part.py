@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import msgspec
 import pytest
 
 import response_compaction as rc
 import response_compaction.sync as rc_sync
+from response_compaction import _pool
 from response_compaction._part import part_of
 from tests._store_support import FaultyBackend, with_backend
 from tests.conftest import FakeClock
@@ -276,12 +280,26 @@ async def test_expired_entry_reads_missing(harness: rc.Harness, clock: FakeClock
     assert await rc.response_compaction_read_exact(harness, ref, Any) == rc.Missing()
 
 
+@contextlib.contextmanager
+def no_idle_worker() -> Iterator[None]:
+    """Hold every idle pool worker meanwhile, so that work meant for one finds none."""
+    held = []
+    while (worker := _pool.POOL.checkout()) is not None:
+        held.append(worker)
+    try:
+        yield
+    finally:
+        for worker in held:
+            _pool.POOL.checkin(worker)
+
+
 @pytest.mark.slow
-async def test_large_entry_without_layout_is_cut_in_a_worker_process(
-    harness: rc.Harness, tmp_path: Path
+@pytest.mark.parametrize("where", ["pool", "thread"])
+async def test_large_entry_without_layout_is_cut_away_from_the_loop(
+    harness: rc.Harness, tmp_path: Path, where: str
 ) -> None:
-    """Over 8 MiB with no layout (a plain dict), the part comes from a worker process,
-    verified there: the same part, LookupError for nothing, Broken for tampered bytes."""
+    """Over 8 MiB with no layout (a plain dict), the part comes from a pool worker, or from a
+    thread when none is idle, verified either way: the same part, LookupError, Broken."""
     rows = [{"id": i, "name": "n" * 40, "tags": ["a", "b"]} for i in range(150_000)]
     value = {"rows": rows, "total": len(rows)}
     ref = await store(harness, value)
@@ -293,17 +311,22 @@ async def test_large_entry_without_layout_is_cut_in_a_worker_process(
         opened.append(mode)
 
     watched = with_backend(harness, FaultyBackend(before_open=before_open))
-    got = await part(watched, ref, pointer="/rows", start=149_990, max_bytes=4096)
-    assert "rb" not in opened  # this process never read the entry: a worker did
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= 1, 60)
+    calls = _pool.POOL.calls
+    hex_digest = ref.removeprefix("rc1:")
+    path = tmp_path / "ws" / "response-compaction-v1" / "exact" / hex_digest[:2] / hex_digest
+    with no_idle_worker() if where == "thread" else contextlib.nullcontext():
+        got = await part(watched, ref, pointer="/rows", start=149_990, max_bytes=4096)
+        with pytest.raises(LookupError, match="out of range"):
+            await rc.response_compaction_read_part(harness, ref, pointer="/rows/150000")
+        path.write_bytes(path.read_bytes().replace(b'"total":150000', b'"total":150001'))
+        broken = await rc.response_compaction_read_part(harness, ref, pointer="/total")
+    assert _pool.POOL.calls - calls == (3 if where == "pool" else 0)
+    assert "rb" not in opened  # the loop's task never read the whole entry
     assert got == rc.Part(
         **msgspec.structs.asdict(part_of(data, "/rows", start=149_990, max_bytes=4096))
     )
     assert got.value == rows[149_990:]
-    with pytest.raises(LookupError):
-        await rc.response_compaction_read_part(harness, ref, pointer="/rows/150000")
-    hex_digest = ref.removeprefix("rc1:")
-    path = tmp_path / "ws" / "response-compaction-v1" / "exact" / hex_digest[:2] / hex_digest
-    path.write_bytes(path.read_bytes().replace(b'"total":150000', b'"total":150001'))
-    broken = await rc.response_compaction_read_part(harness, ref, pointer="/total")
-    assert isinstance(broken, rc.Broken)
-    assert "does not verify" in broken.detail
+    assert broken == rc.Broken(
+        detail="exact entry does not verify: the bytes do not hash to the reference"
+    )

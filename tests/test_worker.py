@@ -125,3 +125,69 @@ def test_schemas_in_main_or_functions_are_verified_by_the_caller() -> None:
     assert _pool.describe(list[Inner]) is None
     with pytest.raises(LookupError):
         _pool.resolve(["ref", "__main__", "Main"])
+
+
+# The same kind of script, reading a part of a large entry stored without a layout (a plain
+# dict under schema ``Any``): the part is cut by a pool worker, never by a process that
+# imports this script again.
+_PART_SCRIPT = """
+import os
+from typing import Any
+import msgspec
+import response_compaction as rc
+from response_compaction import _pool
+from response_compaction._part import part_of
+from tests.schemas import FALLBACK, Summary
+
+# Paths from the script's own place, not argv: a process that re-runs this file (as
+# multiprocessing-style workers do) has other arguments, and must still leave its mark.
+HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(HERE, "marker"), "a") as marker:
+    marker.write("ran\\n")
+
+ROWS = [{"id": i, "name": "n" * 40, "tags": ["a", "b"]} for i in range(150_000)]
+OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
+
+async def main():
+    harness = rc.Harness(fs=rc.LocalWorkspace(os.path.join(HERE, "ws")), llm=None)
+    value = {"rows": ROWS, "total": len(ROWS)}
+    ref = (await rc.response_compact(harness, value, Any, Summary, OPTIONS)).receipt.exact_ref
+    while _pool.POOL.ready_count() < 1:  # the pool starts in the background
+        await SLEEP(0.01)
+    calls = _pool.POOL.calls
+    got = await rc.response_compaction_read_part(
+        harness, ref, pointer="/rows", start=149_998, max_bytes=4096
+    )
+    print(len(msgspec.json.encode(value)) > 8 << 20, _pool.POOL.calls - calls)
+    canonical = msgspec.json.encode(value, order="sorted")
+    expected = part_of(canonical, "/rows", start=149_998, max_bytes=4096)
+    print(got == rc.Found(value=expected), got.value.value == ROWS[149_998:])
+
+RUN
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_unguarded_main_runs_once_when_reading_a_part_of_a_large_entry(
+    tmp_path: Path, loop: str
+) -> None:
+    """An unguarded script reading a part of a >= 8 MiB layout-less entry runs its body once
+    and gets the right part, cut by the library's own worker."""
+    prelude, run = _RUNNERS[loop]
+    script = tmp_path / "agent.py"
+    script.write_text(prelude + "\n" + textwrap.dedent(_PART_SCRIPT).replace("RUN", run))
+    marker = tmp_path / "marker"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "ran\n"
+    assert done.stdout.splitlines() == ["True 1", "True True"]

@@ -6,42 +6,70 @@ the reference names):
 
 - :func:`overlap_check`: the bytes are in this process; the digest is checked in a worker
   thread (hashlib lets go of the GIL) while the work runs on the event loop.
-- :func:`in_worker_process`: for a large entry whose work would hold the GIL for long (one
-  msgspec scan of a 90 MB value is ~100 ms): a worker process opens the entry the same
-  link-refusing way, hashes it in a thread and runs the work meanwhile, and sends back only
-  the small result. The caller's loop does not wait on any of it.
+- :func:`in_pool_or_thread`: for a large entry whose work would hold the GIL for long (one
+  msgspec scan of a 90 MB value is ~100 ms): one of the library's pool workers
+  (``python -m response_compaction._worker``, never the caller's ``__main__``) opens the
+  entry the same link-refusing way, checks the keyed digest (the key travels with the
+  request) while it does the work, and sends back only the small result or what failed.
+  With no idle worker, a thread of this process does exactly the same.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import errno
-import gc
 import os
-import pickle
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
-import anyio.to_process
+import msgspec
 
+from .. import _pool
 from .._canonical import Span
 from .._errors import map_errors
 from .._models import Broken, Missing
+from .._perf import paused_gc
 from .._slices import decode_layout
 from ._fileio import FileBackend
 from ._index import CorruptRowError
 from ._paths import Kind, NotRegularFileError, open_fanout, regular_opener
-from ._verify import PROCESS_VERIFY_BYTES, check_trusted
+from ._verify import check_trusted
 
 if TYPE_CHECKING:
     from . import Store
 
-__all__ = ["get_checked", "in_worker_process", "overlap_check"]
+__all__ = [
+    "WHOLE_WORK_BYTES",
+    "WholeWork",
+    "get_checked",
+    "in_pool_or_thread",
+    "on_entry",
+    "overlap_check",
+]
 
 T = TypeVar("T")
 Check = Callable[[bytes], None]
+
+#: An entry this large without a layout is worked on whole, away from the event loop.
+WHOLE_WORK_BYTES = 8 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class WholeWork(Generic[T]):
+    """Work on a whole entry's bytes that a pool worker can do too.
+
+    A worker does ``op`` (a request kind of ``_worker``) with the plain-data ``args`` and
+    replies with its result encoded as msgpack, turned back by ``from_reply``; ``local`` is
+    the same work for a thread of this process. Both must give the same result.
+    """
+
+    op: str
+    args: dict[str, Any]
+    local: Callable[[bytes], T]
+    from_reply: Callable[[bytes], T]
 
 
 async def get_checked(
@@ -49,13 +77,13 @@ async def get_checked(
     kind: Kind,
     key: str,
     work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
-    whole_work: Callable[[bytes], T] | None,
+    whole: WholeWork[T] | None,
 ) -> T | Missing | Broken:
     """``work(bytes, layout hint)`` on one entry, its result only for bytes that verify.
 
     The check (against the reference, as :meth:`Store.get`) overlaps the work. An entry of
-    8 MiB or more without a layout goes to ``whole_work(bytes)`` (picklable) in a worker
-    process instead. A read is a use. Part of the store package: it uses the store's privates.
+    8 MiB or more without a layout goes to ``whole`` in a pool worker or a thread instead.
+    A read is a use. Part of the store package: it uses the store's privates.
     """
     now = store.clock()
     async with store._using_index() as index:
@@ -70,11 +98,11 @@ async def get_checked(
         # The reference (or, for a summary, the sealed row) is the only digest trusted.
         check = partial(check_trusted, kind=kind, key=key, recorded=row.digest, secret=store._key)
         backend = store._backend
-        result: T | Missing | Broken | ValueError | None = None
+        result: T | Missing | Broken | ValueError
         with map_errors(f"could not read the {kind} entry"):
-            if whole_work is not None and not spans and row.size >= PROCESS_VERIFY_BYTES:
-                result = await in_worker_process(store.root, kind, key, check, whole_work)
-            if result is None:
+            if whole is not None and not spans and row.size >= WHOLE_WORK_BYTES:
+                result = await in_pool_or_thread(backend, store.root, kind, key, check, whole)
+            else:
                 data = await store._read_entry(kind, key)
                 if isinstance(data, (Missing, Broken)):
                     return data
@@ -120,20 +148,28 @@ async def overlap_check(
     return result
 
 
-async def in_worker_process(
-    root: str, kind: Kind, key: str, check: Check, work: Callable[[bytes], T]
-) -> T | Missing | Broken | None:
-    """``work(bytes)`` in a worker process, returned only for bytes that verify.
+async def in_pool_or_thread(
+    backend: FileBackend,
+    root: str,
+    kind: Kind,
+    key: str,
+    check: partial[None],
+    whole: WholeWork[T],
+) -> T | Missing | Broken:
+    """``whole`` on the entry's bytes, returned only for bytes that verify.
 
-    ``check`` and ``work`` must pickle (module-level functions or ``partial`` of them). None
-    when no worker could do it (the caller then does the work here).
+    In one of the library's pool workers when one is idle (never a process that imports the
+    caller's ``__main__``), else in a worker thread of this process: the same reads, the same
+    check, the same work, so the same result either way. Never skips the check.
     """
-    try:
-        outcome = await anyio.to_process.run_sync(
-            _on_entry, root, kind, key, check, work, cancellable=True
-        )
-    except (anyio.BrokenWorkerProcess, ImportError, AttributeError, pickle.PickleError):
-        return None
+    # ``check`` is ``partial(check_trusted, ...)``: its keywords (the trusted digest and the
+    # store's key) go with the request, so the worker checks exactly what this process would.
+    request = {"op": whole.op, "args": whole.args, "root": root, "check": check.keywords}
+    reply = await _pool.call(request)
+    if reply is _pool.NOT_DONE:
+        outcome = await backend.run(on_entry, root, kind, key, check, whole.local)
+    else:
+        outcome = _from_reply(reply, whole)
     state, payload = outcome
     if state == "raised":
         raise payload
@@ -147,13 +183,35 @@ async def in_worker_process(
     return result
 
 
-def _on_entry(
+#: Exceptions a worker's work may raise that are sent back as (tag, message) and raised here
+#: exactly as the work in this process would raise them; any other goes to a thread instead.
+RAISED: dict[type[Exception], str] = {
+    msgspec.DecodeError: "decode",
+    LookupError: "lookup",
+    ValueError: "value",
+}
+_RAISE = {tag: cls for cls, tag in RAISED.items()}
+
+
+def _from_reply(reply: dict[str, Any], whole: WholeWork[T]) -> tuple[str, Any]:
+    if "ok" in reply:
+        return "ok", whole.from_reply(reply["ok"])
+    if "raised" in reply:
+        tag, message = reply["raised"]
+        return "raised", _RAISE[tag](message)
+    (state, payload), *_ = reply.items()
+    return state, payload
+
+
+def on_entry(
     root: str, kind: Kind, key: str, check: Check, work: Callable[[bytes], Any]
 ) -> tuple[str, Any]:
-    """In the worker: what happened, as plain data the parent can unpickle.
+    """Blocking (a pool worker, or a thread here): what happened, as plain data.
 
     ``("ok", result)``, ``("raised", exc)``, ``("missing", None)``, ``("broken", detail)`` or
-    ``("oserror", (errno, reason))``.
+    ``("oserror", (errno, reason))``. The bytes are hashed in a second thread (hashlib lets
+    go of the GIL) while ``work`` runs; ``work``'s result or exception counts only when they
+    verify.
     """
     try:
         fan_fd = open_fanout(root, kind, key)
@@ -168,22 +226,19 @@ def _on_entry(
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return "broken", "is a symlink; refusing to follow it"
-        # Sent as plain data: not every OSError subclass survives pickling.
+        # Sent as plain data: a worker's reply carries no exception objects.
         return "oserror", (exc.errno, exc.strerror or type(exc).__name__)
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
-    gc.disable()  # this process is ours; nothing it builds here holds a cycle
-    try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            checked = pool.submit(check, data)
-            try:
-                result: tuple[str, Any] = ("ok", work(data))
-            except Exception as exc:  # sent back, raised there once the bytes verify
-                result = ("raised", exc)
-            try:
-                checked.result()
-            except ValueError as exc:
-                return "broken", f"does not verify: {exc}"
-        return result
-    finally:
-        gc.enable()
+    # The work builds no cycles; a collection over a freshly decoded document only costs.
+    with paused_gc(), concurrent.futures.ThreadPoolExecutor(1) as pool:
+        checked = pool.submit(check, data)
+        try:
+            result: tuple[str, Any] = ("ok", work(data))
+        except Exception as exc:  # raised by the caller once the bytes verify
+            result = ("raised", exc)
+        try:
+            checked.result()
+        except ValueError as exc:
+            return "broken", f"does not verify: {exc}"
+    return result

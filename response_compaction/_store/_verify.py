@@ -35,8 +35,6 @@ __all__ = [
 #: when one is idle: msgspec holds the GIL while it decodes, so a thread would freeze the
 #: caller's event loop for the whole decode, and concurrent verifications would share a core.
 WORKER_VERIFY_BYTES = 512 << 10
-#: Above this, ``_partial`` (read_part) cuts an entry without a layout in a worker process.
-PROCESS_VERIFY_BYTES = 8 << 20
 #: Decoding more bytes than this in the caller's process pauses the cyclic GC meanwhile:
 #: a full collection over a freshly decoded tree can cost more than the decode itself.
 GC_PAUSE_BYTES = 64 << 10
