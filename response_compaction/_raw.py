@@ -54,7 +54,7 @@ class _NotCutError(Exception):
 
 async def decode_raw_sliced(raw: msgspec.Raw, schema: Any, checkpoint: Checkpoint) -> Any:
     """:func:`to_exact_value` of a ``Raw`` input: same value and same ``ValueError`` cases."""
-    data = bytes(memoryview(raw))
+    data = memoryview(raw)  # not copied: 90 MB of memcpy alone is a long step
     plan = _plan(data, schema)
     if plan is None:
         return to_exact_value(raw, schema)
@@ -65,20 +65,26 @@ async def decode_raw_sliced(raw: msgspec.Raw, schema: Any, checkpoint: Checkpoin
         items, closed, problem = found
     except _NotCutError:
         return to_exact_value(raw, schema)
-    prefix, suffix = data[:opened], data[closed + 1 :]
+    prefix, suffix = bytes(data[:opened]), bytes(data[closed + 1 :])
     if attr is None:
         if prefix.strip() or suffix.strip():
             return to_exact_value(raw, schema)
         if problem is not None:
             raise ValueError(problem)
         return items
-    head = to_exact_value(msgspec.Raw(prefix + b"[]" + suffix), schema)
+    try:
+        head = to_exact_value(msgspec.Raw(prefix + b"[]" + suffix), schema)
+    except ValueError as exc:
+        if "malformed" in str(exc) or "truncated" in str(exc):
+            # Byte offsets in the emptied text are not the input's: let the whole say where.
+            return to_exact_value(raw, schema)
+        raise
     if problem is not None:
         raise ValueError(problem)
     return msgspec.structs.replace(head, **{attr: items})
 
 
-def _plan(data: bytes, schema: Any) -> tuple[str | None, Any, int, str] | None:
+def _plan(data: memoryview, schema: Any) -> tuple[str | None, Any, int, str] | None:
     """(struct attribute or None, ``list[T]``, offset of the array's ``[``, its path)."""
     if len(data) < RAW_FROM:
         return None
@@ -88,7 +94,7 @@ def _plan(data: bytes, schema: Any) -> tuple[str | None, Any, int, str] | None:
         return None
     if _plain_list(info):
         start = _SKIP_WS.match(data).end()  # type: ignore[union-attr]  # always matches
-        return (None, schema, start, "$") if data[start : start + 1] == b"[" else None
+        return (None, schema, start, "$") if bytes(data[start : start + 1]) == b"[" else None
     if not isinstance(info, mi.StructType) or info.array_like or hasattr(info.cls, "__post_init__"):
         return None
     types = {f.name: f.type for f in msgspec.structs.fields(info.cls)}
@@ -101,7 +107,7 @@ def _plan(data: bytes, schema: Any) -> tuple[str | None, Any, int, str] | None:
             continue
         opened = found.end() - 1
         try:  # the key must be a member of the top-level object, not of a nested one
-            _TOP.decode(data[:opened] + b"null}")
+            _TOP.decode(bytes(data[:opened]) + b"null}")
         except (msgspec.ValidationError, msgspec.DecodeError):
             return None
         return field.name, types[field.name], opened, f"$.{field.encode_name}"
@@ -118,13 +124,13 @@ def _list_decoder(list_type: Any) -> msgspec.json.Decoder[Any]:
 
 
 async def _array(
-    data: bytes, opened: int, list_type: Any, where: str, schema: Any, checkpoint: Checkpoint
+    data: memoryview, opened: int, list_type: Any, where: str, schema: Any, checkpoint: Checkpoint
 ) -> tuple[list[Any], int, str | None]:
     """The array's items, the offset of its ``]``, and the first key problem found in it."""
     start = _SKIP_WS.match(data, opened + 1).end()  # type: ignore[union-attr]  # always matches
-    if data[start : start + 1] in (b"]", b""):
+    if bytes(data[start : start + 1]) in (b"]", b""):
         raise _NotCutError
-    separator = re.compile(b"," + _WS + re.escape(data[start : start + 1]))
+    separator = re.compile(b"," + _WS + re.escape(bytes(data[start : start + 1])))
     decoder = _list_decoder(list_type)
     merge = keys_may_merge(schema)
     items: list[Any] = []
@@ -143,13 +149,13 @@ async def _array(
             if merge and merged is None:
                 merged = _merged(chunk, part, where, base)
             await checkpoint()
-        if data[end : end + 1] == b"]":
+        if bytes(data[end : end + 1]) == b"]":
             return items, end, duplicate or merged
         start = end + 1
 
 
 async def _next_cut(
-    data: bytes,
+    data: memoryview,
     start: int,
     separator: re.Pattern[bytes],
     decoder: msgspec.json.Decoder[Any],
@@ -165,17 +171,19 @@ async def _next_cut(
             break
     # The array's end lies before the first candidate comma when no comma fits: try the
     # closing brackets there, from the last one back.
-    closers: list[int] = []
     high = commas[0] if commas else len(data)
+    low = max(start, high - 4 * SLICE_BYTES)  # a longer tail after the array: decode whole
+    window = bytes(data[low:high])
+    closers: list[int] = []
     while len(closers) < _TRIES:
-        high = data.rfind(b"]", start, high)
-        if high < 0:
+        high = window.rfind(b"]", 0, high - low) + low
+        if high < low:
             break
         closers.append(high)
     for end in commas + closers:
-        chunk = b"".join((b"[", memoryview(data)[start:end], b"]"))
+        chunk = b"".join((b"[", data[start:end], b"]"))
         part = _decoded(chunk, decoder, where, base)
-        if part is not None:
+        if part:  # an empty slice would accept a stray comma (`[1,,2]`, `[1,]`)
             return end, chunk, part
         await checkpoint()
     raise _NotCutError

@@ -167,11 +167,12 @@ async def test_duplicate_key_deep_inside_raw_is_refused() -> None:
     assert f"`$[...][{ROWS - 1}]`" in str(sliced.value)
 
 
-async def test_malformed_raw_deep_inside_gives_the_whole_error() -> None:
-    """Text broken far inside the array gets msgspec's own error for the whole text."""
+@pytest.mark.parametrize("broken", [b",,", b", ,", b",]", b"]"])
+async def test_malformed_raw_deep_inside_gives_the_whole_error(broken: bytes) -> None:
+    """Text broken far inside the array (a stray comma, an early end) gets msgspec's own error."""
     text = _rows_text()
     at = text.rindex(b',{"id":')
-    given = msgspec.Raw(text[:at] + b",," + text[at + 1 :])
+    given = msgspec.Raw(text[:at] + broken + text[at + 1 :])
     with pytest.raises(ValueError, match="malformed") as whole:
         to_exact_value(given, Exact)
     with pytest.raises(ValueError, match="malformed") as sliced:
