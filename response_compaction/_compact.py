@@ -14,7 +14,7 @@ import anyio.lowlevel
 from msgspec import UNSET, UnsetType
 
 from ._canonical import Span, iter_canonical
-from ._convert import convert_exact
+from ._convert import convert_exact, release
 from ._digest import DIGEST_PREFIX
 from ._harness import HarnessLike
 from ._ladder import Source
@@ -88,11 +88,15 @@ async def response_compact(
     # Checked with or without a model, so a test on llm=None refuses what production would.
     json_schema = strict_json_schema(summary_schema)
     routes = () if llm is None else tuple(llm.routes(opts.ladder))
-    value = await convert_exact(exact_response, exact_schema, anyio.lowlevel.checkpoint)
+    value, owned = await convert_exact(exact_response, exact_schema, anyio.lowlevel.checkpoint)
     store = await open_store(harness.fs)
     head = Head.for_options(opts, model=llm is not None)
     layout: list[Span] = []
     stored = await _store_exact(store, value, exact_schema, opts, head, layout)
+    del value
+    if owned is not None and stored.size > opts.summarize_above_bytes:
+        await release(owned, anyio.lowlevel.checkpoint)  # not handed back: free it gradually
+    del owned
     exact = _ExactFacts(DIGEST_PREFIX + stored.hex_digest, stored.size, reused=stored.reused)
     if stored.size <= opts.summarize_above_bytes:
         return Compacted(output=ExactOutput(value=stored.value), receipt=exact.receipt(started))

@@ -52,36 +52,41 @@ class _NotCutError(Exception):
     """The sliced decode does not apply here: decode the whole."""
 
 
-async def decode_raw_sliced(raw: msgspec.Raw, schema: Any, checkpoint: Checkpoint) -> Any:
-    """:func:`to_exact_value` of a ``Raw`` input: same value and same ``ValueError`` cases."""
+async def decode_raw_sliced(
+    raw: msgspec.Raw, schema: Any, checkpoint: Checkpoint
+) -> tuple[Any, list[Any] | None]:
+    """:func:`to_exact_value` of a ``Raw`` input: same value and same ``ValueError`` cases.
+
+    Also the long list it built itself when it cut one (see :func:`release`), else None.
+    """
     data = memoryview(raw)  # not copied: 90 MB of memcpy alone is a long step
     plan = _plan(data, schema)
     if plan is None:
-        return to_exact_value(raw, schema)
+        return to_exact_value(raw, schema), None
     attr, list_type, opened, where = plan
     try:
         with paused_gc():
             found = await _array(data, opened, list_type, where, schema, checkpoint)
         items, closed, problem = found
     except _NotCutError:
-        return to_exact_value(raw, schema)
+        return to_exact_value(raw, schema), None
     prefix, suffix = bytes(data[:opened]), bytes(data[closed + 1 :])
     if attr is None:
         if prefix.strip() or suffix.strip():
-            return to_exact_value(raw, schema)
+            return to_exact_value(raw, schema), None
         if problem is not None:
             raise ValueError(problem)
-        return items
+        return items, items
     try:
         head = to_exact_value(msgspec.Raw(prefix + b"[]" + suffix), schema)
     except ValueError as exc:
         if "malformed" in str(exc) or "truncated" in str(exc):
             # Byte offsets in the emptied text are not the input's: let the whole say where.
-            return to_exact_value(raw, schema)
+            return to_exact_value(raw, schema), None
         raise
     if problem is not None:
         raise ValueError(problem)
-    return msgspec.structs.replace(head, **{attr: items})
+    return msgspec.structs.replace(head, **{attr: items}), items
 
 
 def _plan(data: memoryview, schema: Any) -> tuple[str | None, Any, int, str] | None:

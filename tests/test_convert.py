@@ -12,7 +12,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction._canonical import canonical_bytes, to_exact_value
-from response_compaction._convert import SLICE_ITEMS_FROM, convert_exact
+from response_compaction._convert import SLICE_ITEMS_FROM, convert_exact, release
 from response_compaction._raw import RAW_FROM
 from tests._store_support import compact
 from tests.schemas import Exact, Row, big_exact
@@ -69,7 +69,7 @@ async def _converted_with_heartbeat(given: Any, schema: Any) -> tuple[Any, _Hear
         tg.start_soon(beat.run)
         await anyio.lowlevel.checkpoint()  # the heartbeat has started
         try:
-            value = await convert_exact(given, schema, beat.checkpoint)
+            value, _ = await convert_exact(given, schema, beat.checkpoint)
         finally:
             beat.stop.set()
     return value, beat
@@ -105,9 +105,13 @@ async def test_loop_keeps_turning_during_conversion(kind: str) -> None:
 async def test_receipt_matches_the_typed_value(harness: rc.Harness, kind: str) -> None:
     """Compacting the builtins or Raw form stores the very entry the typed value does."""
     typed = big_exact(ROWS)
-    given = await compact(harness, _inputs(typed)[kind])
-    expected = await compact(harness, typed)
+    handed = _inputs(typed)[kind]
+    given = await compact(harness, handed, summarize_above_bytes=1024)
+    expected = await compact(harness, typed, summarize_above_bytes=1024)
     assert given.receipt.exact_digest == expected.receipt.exact_digest
+    # The converted rows are freed gradually; what the caller handed over is left alone.
+    assert handed == _inputs(typed)[kind]
+    assert typed == big_exact(ROWS)
     assert given.receipt.exact_bytes == expected.receipt.exact_bytes
     assert expected.receipt.exact_cache == "reused"
 
@@ -190,7 +194,7 @@ async def test_raw_cuts_only_the_top_level_array() -> None:
     rows = big_exact(ROWS).rows
     nested = {"rows": [1, "two"]}  # not Row items: cutting this would refuse a valid input
     text = msgspec.json.encode({"meta": nested, "rows": rows})
-    value = await convert_exact(msgspec.Raw(text), Wrapper, anyio.lowlevel.checkpoint)
+    value, _ = await convert_exact(msgspec.Raw(text), Wrapper, anyio.lowlevel.checkpoint)
     assert value == Wrapper(meta=nested, rows=rows)
 
 
@@ -204,3 +208,21 @@ async def test_raw_with_whitespace_and_top_level_key_twice() -> None:
     twice = msgspec.Raw(pretty[:-1] + b', "rows": []}')
     with pytest.raises(ValueError, match=r"names one key twice at `\$`"):
         await convert_exact(twice, Exact, anyio.lowlevel.checkpoint)
+
+
+async def test_release_empties_only_the_list_it_was_given() -> None:
+    """``release`` empties the converted list slice by slice, yielding between slices."""
+    plain = msgspec.to_builtins(big_exact(ROWS))
+    value, owned = await convert_exact(plain, Exact, anyio.lowlevel.checkpoint)
+    assert owned is value.rows
+    steps: list[int] = []
+
+    async def checkpoint() -> None:
+        steps.append(len(owned))
+        await anyio.lowlevel.checkpoint()
+
+    await release(owned, checkpoint)
+    assert value.rows == []
+    assert len(steps) > 2
+    assert steps == sorted(steps, reverse=True)
+    assert len(plain["rows"]) == ROWS
