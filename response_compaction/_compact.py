@@ -93,10 +93,8 @@ async def response_compact(
     head = Head.for_options(opts, model=llm is not None)
     layout: list[Span] = []
     stored = await _store_exact(store, value, exact_schema, opts, head, layout)
-    del value
     if owned is not None and stored.size > opts.summarize_above_bytes:
         await release(owned, anyio.lowlevel.checkpoint)  # not handed back: free it gradually
-    del owned
     exact = _ExactFacts(DIGEST_PREFIX + stored.hex_digest, stored.size, reused=stored.reused)
     if stored.size <= opts.summarize_above_bytes:
         return Compacted(output=ExactOutput(value=stored.value), receipt=exact.receipt(started))
