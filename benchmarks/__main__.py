@@ -19,13 +19,13 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks import _extra
+from benchmarks import _extra, _part
 from benchmarks._machine import library_source, machine, versions
 from benchmarks._report import CAVEATS, render, targets
 from benchmarks._run import Plan, Suite
 from benchmarks.workloads import SHAPES
 
-SECTIONS = ("big", "small", "concurrency", "scale", "cold", "raw", "import")
+SECTIONS = ("big", "small", "concurrency", "scale", "cold", "raw", "part", "import")
 
 
 def _plan(args: argparse.Namespace) -> Plan:
@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             _extra.cold_start(suite, max(sizes))
         if "raw" in only:
             _extra.raw_inputs(suite, max(sizes))
+        if "part" in only:
+            _part.read_parts(suite, max(sizes), tuple(s for s in plan.shapes if s != "strings"))
         if "import" in only:
             _extra.import_time(suite)
     finally:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import _extra
+from . import _extra, _part
 from ._loop import Freeze
 from ._run import _COMPACT, _COMPACT_EXACT, _HIT, _READ_OP, BACKENDS, Memory, Result, Suite
 
@@ -243,6 +243,9 @@ def targets(suite: Suite) -> list[Target]:
     else:
         found.append(Target("90 MB: compaction and read <= 1.0x floor, freeze <= 20 ms",
                             "run --full to measure", None, "-"))  # fmt: skip
+    part = _part.verdict(suite)
+    if part is not None:
+        found.append(Target("read_part <= hash + 20 ms, freeze <= 20 ms", *part))
     imports = suite.find("import", _extra.IMPORT, "-")
     if imports is not None and imports.times:
         figure = f"min {imports.best * 1e3:.0f} ms, median {imports.median * 1e3:.0f} ms"
@@ -363,8 +366,8 @@ def render(suite: Suite, meta: dict[str, Any], goals: list[Target]) -> str:
     )
     if meta["mode"] == "quick":
         lines.append(
-            "  quick mode: the Raw/builtins target is for 90 MB (measured here on the largest"
-            " size run); the 90 MB targets need --full."
+            "  quick mode: the Raw/builtins and read_part targets are for 90 MB (measured here on"
+            " the largest size run); the 90 MB targets need --full."
         )
     lines.append(f"\nfinished in {meta['duration_s']:.0f} s")
     return "\n".join(lines)

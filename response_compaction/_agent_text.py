@@ -19,11 +19,15 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from ._pydantic import plain_hook
+
 __all__ = ["MIN_TEXT_BYTES", "agent_json", "agent_text"]
 
 #: Below this a text cannot hold the fixed lines and some of the value.
 MIN_TEXT_BYTES = 1024
-_ENCODE = msgspec.json.Encoder(order="sorted").encode
+
+# Pydantic schemas give pydantic outputs (also inside lists): shown by alias, as stored.
+_ENCODE = msgspec.json.Encoder(order="sorted", enc_hook=plain_hook).encode
 _LABELS = {"exact": "value", "summarized": "summary", "fallback": "fallback"}
 
 
@@ -98,6 +102,8 @@ def agent_text(compacted: Any, *, read_tool: str = "read_exact", max_bytes: int 
     if len(body) > room:
         marker = f" …[cut: {{shown}} of {len(body)} bytes shown; use {read_tool}]"
         keep = room - len(marker.format(shown=len(body)).encode())
+        if keep < 0:  # a long read_tool name: body[:keep] would keep nearly all of it
+            raise ValueError("max_bytes is too small for the reference and the read-more line")
         shown = body[:keep].decode("utf-8", "ignore")
         text = shown + marker.format(shown=len(shown.encode()))
     else:
@@ -116,7 +122,7 @@ def agent_json(
     if max_bytes < MIN_TEXT_BYTES:
         raise ValueError(f"max_bytes must be >= {MIN_TEXT_BYTES}")
     facts = _facts(compacted, read_tool)
-    value = msgspec.to_builtins(compacted.output.value)
+    value = msgspec.to_builtins(compacted.output.value, enc_hook=plain_hook)
     with_value = {**facts, "value": value}
     if len(_ENCODE(with_value)) <= max_bytes:
         return with_value

@@ -15,6 +15,7 @@ maximum context length) is flagged so the ladder can retry once with a smaller p
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -136,7 +137,9 @@ class OpenAICatalog:
         tokens: dict[str, Any] = {
             "input_tokens": _count(getattr(usage, "prompt_tokens", None)),
             "output_tokens": _count(getattr(usage, "completion_tokens", None)),
-            "served_model": served[:200] if isinstance(served, str) and served else UNSET,
+            "served_model": served
+            if isinstance(served, str) and _MODEL_NAME.fullmatch(served)
+            else UNSET,
         }
         choices = getattr(response, "choices", None) or []
         if not choices:
@@ -152,6 +155,13 @@ class OpenAICatalog:
         return RungReply(outcome="ok", text=message.content, **tokens)
 
 
+#: What an error type or code may look like to be shown (``exceed_context_size_error``,
+#: ``context_length_exceeded``, ``invalid_request_error``). Anything else is left out: a
+#: server that echoes the prompt into it must not carry response content into the receipt.
+_IDENTIFIER = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+#: Model names as servers report them (``gpt-4.1-mini-2025-04-14``, ``org/Model-8B``).
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,127}")
+
 _OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
 
 
@@ -161,7 +171,8 @@ def _status_reply(exc: Any) -> RungReply:
     inner = body.get("error")
     error: dict[str, Any] = inner if isinstance(inner, dict) else body
     kinds = [v for v in (error.get("type"), error.get("code")) if isinstance(v, str) and v]
-    detail = f"HTTP {exc.status_code}" + "".join(f" {_token(k)}" for k in kinds[:1])
+    shown = [k for k in kinds if _IDENTIFIER.fullmatch(k)]
+    detail = f"HTTP {exc.status_code}" + "".join(f" {k}" for k in shown[:1])
     message = error.get("message")
     overflow = bool(_OVERFLOW_CODES.intersection(kinds)) or (
         exc.status_code == 400
@@ -175,12 +186,6 @@ def _status_reply(exc: Any) -> RungReply:
     if overflow and type(needed) is int and type(limit) is int and needed > 0 < limit:
         shrink = limit / needed  # llama.cpp says how far over it was
     return RungReply(outcome="error", detail=detail, context_overflow=overflow, shrink=shrink)
-
-
-def _token(kind: str) -> str:
-    # An error type or code is an identifier; anything else is cut down to one.
-    cleaned = "".join(c if c.isalnum() or c in "_-." else "_" for c in kind)
-    return cleaned[:64]
 
 
 def _check_contexts(contexts: Mapping[str, int] | int | None) -> Mapping[str, int] | int:

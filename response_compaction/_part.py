@@ -63,7 +63,9 @@ class Part(Struct, frozen=True, kw_only=True):
     shown. ``total_bytes`` is the node's canonical size and ``total_items`` its array length
     or object key count (``UNSET`` for scalars and strings). For arrays and objects
     ``start``/``stop`` is the window of items shown (object members count in key order);
-    for strings it is the window of characters. ``next_start`` is where the next window
+    for strings it is the window of characters. A number too long for ``max_bytes`` (an
+    integer of thousands of digits) is shown like a string of its digits, cut and windowed
+    by character. ``next_start`` is where the next window
     begins, ``UNSET`` when nothing follows. ``outline`` is True when not even one item fitted:
     ``json`` is then a list describing the items (``{"index"|"key", "type", "bytes",
     "items"|"keys"}``), not their content.
@@ -141,10 +143,11 @@ def locate(data: Node, tokens: Sequence[str]) -> Node:
             if _INDEX.fullmatch(token) is None:
                 raise LookupError(f"pointer token at depth {depth + 1} is not an array index")
             items = _items(node)
-            index = int(token)
-            if index >= len(items):
+            # A token of thousands of digits is a well-formed index past any end; int() would
+            # refuse it (Python's digit limit) with a ValueError, as if the pointer were bad.
+            if len(token) > len(str(len(items))) or int(token) >= len(items):
                 raise LookupError(f"array index at depth {depth + 1} is out of range")
-            node = items[index]
+            node = items[int(token)]
         else:
             raise LookupError(f"pointer goes below a {kind} at depth {depth + 1}")
     return node
@@ -160,9 +163,13 @@ def show(node: Node, pointer: str, start: int | None, stop: int | None, limit: i
         return _window(node, pointer, None, _items(node), start, stop, limit)
     assert not isinstance(node, BigArray | RootObject)  # noqa: S101 - _kind said so
     if kind == "string":
-        return _string(node, pointer, start, stop, limit)
-    # Numbers, booleans and null are a few dozen bytes at most: always whole.
+        return _string(_STR.decode(node), _size(node), pointer, start, stop, limit)
     text = bytes(node).decode()
+    if len(text) > limit:
+        # Integers are kept exactly up to 4300 digits, more than a part may hold: such a
+        # number is shown as a string of its digits, cut and paged like any string.
+        return _string(text, len(text), pointer, start, stop, limit)
+    # Other numbers, booleans and null are a few dozen bytes at most: always whole.
     return Part(
         pointer=pointer, json=text, value=_ANY.decode(node), complete=True, total_bytes=_size(node)
     )
@@ -272,9 +279,8 @@ def _outline_entry(key: str | int, child: Raw | BigArray, keyed: bool, room: int
 
 
 def _string(
-    node: bytes | memoryview | Raw, pointer: str, start: int | None, stop: int | None, limit: int
+    text: str, total: int, pointer: str, start: int | None, stop: int | None, limit: int
 ) -> Part:
-    text = _STR.decode(node)
     count = len(text)
     first = min(start or 0, count)
     last = count if stop is None else max(first, min(stop, count))
@@ -289,7 +295,7 @@ def _string(
         start=first,
         stop=end,
         next_start=end if end < count else UNSET,
-        total_bytes=_size(node),
+        total_bytes=total,
     )
 
 

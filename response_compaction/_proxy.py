@@ -34,6 +34,7 @@ import msgspec
 
 from ._compact import response_compact
 from ._options import resolve_options
+from ._refusals import duplicate_key_path
 from .mcp import _import_mcp, create_server
 
 __all__ = ["ProxyConfig", "compact_tool_result", "open_proxy", "serve_proxy"]
@@ -109,9 +110,11 @@ def _retained(texts: list[str], structured: Any, *, parse: bool) -> Any:
 
 def _json_or_string(text: str) -> Any:
     try:
-        return msgspec.json.decode(text)
+        value = msgspec.json.decode(text)
     except msgspec.DecodeError:
         return text
+    # Decoding keeps the last of two equal keys: such text is kept as the text it was.
+    return text if duplicate_key_path(text.encode()) is not None else value
 
 
 @contextlib.asynccontextmanager

@@ -173,6 +173,14 @@ def pydantic_plain(value: Any) -> Any:
     return _plain(value.model_dump(by_alias=True))
 
 
+def plain_hook(obj: Any) -> Any:
+    """An msgspec ``enc_hook``: a pydantic model (also inside lists) as its plain data."""
+    plain = pydantic_plain(obj)
+    if plain is obj:
+        raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
+    return plain
+
+
 def _plain(data: Any) -> Any:
     # Builtins msgspec encodes the way it encodes the same data from a Struct (datetimes,
     # UUIDs, decimals, enums); pydantic-only values (URLs, secrets) become pydantic's JSON form.

@@ -39,6 +39,8 @@ __all__ = ["Span", "decode_layout", "decode_sliced", "encode_layout"]
 _LAYOUT_ENCODER = msgspec.json.Encoder()
 _LAYOUT_DECODER = msgspec.json.Decoder(tuple[Span, ...])
 _TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
+#: Numbers the field markers start from: rare in real data, so the fast path is kept.
+_MARKER = 7_355_608_000_000_000_000
 
 
 def encode_layout(spans: Sequence[Span]) -> bytes:
@@ -89,6 +91,9 @@ def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | Non
                 return None
             cuts.append(_Cut(field.name, span, types[field.name]))
     elif _plain_list(info) and len(spans) == 1 and spans[0].field is None:
+        # The top-level array is the whole document: a span over a nested array is not it.
+        if spans[0].start != 0 or spans[0].end != len(data):
+            return None
         cuts.append(_Cut(None, spans[0], schema))
     else:
         return None
@@ -160,12 +165,18 @@ def _outer(view: memoryview, ordered: list[_Cut], placeholder: Callable[[int], b
 
 
 def _placed_where_named(view: memoryview, ordered: list[_Cut]) -> bool:
-    """Whether each cut array is the whole value of the top-level field its span names."""
-    marked = _outer(view, ordered, lambda i: b"[%d]" % i)
+    """Whether each cut array is the whole value of the top-level field its span names.
+
+    A marker must occur exactly once in the marked bytes: a field whose own value is the
+    marker's text (``"b": [0]``) would otherwise vouch for a span moved onto it.
+    """
+    markers = [b"[%d]" % (_MARKER + i) for i in range(len(ordered))]
+    marked = _outer(view, ordered, markers.__getitem__)
     try:
         fields = _TOP_LEVEL.decode(marked)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return False
     return all(
-        bytes(fields.get(str(cut.span.field), b"")) == b"[%d]" % i for i, cut in enumerate(ordered)
+        marked.count(markers[i]) == 1 and bytes(fields.get(str(cut.span.field), b"")) == markers[i]
+        for i, cut in enumerate(ordered)
     )

@@ -29,6 +29,7 @@ from ._ladder import (
     profile_source,
     run_ladder,
 )
+from ._messages import content_free
 from ._models import Attempt, CompactionOptions, FallbackReason, Found
 from ._profile import Profile
 from ._prompt import summary_key
@@ -224,5 +225,11 @@ async def fallback_value(
             msgspec.to_builtins(made) if isinstance(made, msgspec.Struct) else made,
             summary_schema,
         )
-    except (msgspec.ValidationError, TypeError) as exc:
-        raise ValueError(f"the fallback function's result is not a summary: {exc}") from None
+    except msgspec.ValidationError as exc:  # content_free: the profile holds response values
+        raise ValueError(
+            f"the fallback function's result is not a summary: {content_free(exc)}"
+        ) from None
+    except TypeError:
+        raise ValueError(
+            f"the fallback function's result is not a summary: a {type(made).__name__}"
+        ) from None

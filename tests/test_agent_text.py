@@ -87,6 +87,18 @@ async def test_text_never_exceeds_max_bytes(harness: rc.Harness, max_bytes: int)
     assert text.splitlines()[-2].startswith("exact_ref: rc1:")
 
 
+@pytest.mark.parametrize("read_tool", ["read_exact", "r" * 300, "é" * 200])
+def test_long_tool_name_never_breaks_the_bound(read_tool: str) -> None:
+    """Whatever the tool's name, the text fits max_bytes or ValueError says it cannot."""
+    output = rc.FallbackOutput(value=Summary(overview="é" * 5000, critical_facts=[]))
+    for max_bytes in range(1024, 2400, 7):
+        try:
+            text = compacted(output).to_agent_text(read_tool=read_tool, max_bytes=max_bytes)
+        except ValueError:
+            continue
+        assert len(text.encode()) <= max_bytes
+
+
 def test_too_small_a_bound_raises() -> None:
     """Below 1024 bytes there is no room for the fixed lines."""
     with pytest.raises(ValueError, match="max_bytes"):

@@ -138,6 +138,25 @@ def test_console_script_and_schemas_from_the_working_directory(tmp_path: Path) -
     assert b"does not validate" in bad.stderr
 
 
+def test_pydantic_schema_compacts_and_reads_back(tmp_path: Path) -> None:
+    """``--schema`` naming a pydantic model prints the receipt and the value, no traceback."""
+    (tmp_path / "pschemas.py").write_text(
+        "from pydantic import BaseModel, Field\n\n"
+        "class P(BaseModel):\n"
+        "    x: int\n"
+        "    y: str = Field(alias='why')\n"
+    )
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join((str(REPO), str(tmp_path)))
+    common = ("--root", tmp_path / "root", "--schema", "pschemas:P")
+    done = cli("compact", "-", *common, stdin=b'{"x": 1, "why": "a"}', env=env)
+    assert done.returncode == 0, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["output"] == {"kind": "exact", "value": {"x": 1, "why": "a"}}
+    read = cli("read", result["receipt"]["exact_ref"], *common, env=env)
+    assert (read.returncode, read.stdout) == (0, b'{"why":"a","x":1}\n'), read.stderr.decode()
+
+
 def test_compact_small_then_read_it_back(tmp_path: Path) -> None:
     """A small document comes back exact; ``read`` prints its canonical JSON and exits 0."""
     result = compact(tmp_path, {"b": [1, 2.5, None], "a": "\u00e9"})
@@ -414,6 +433,17 @@ def test_demo_is_imported_only_when_it_runs() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout == "False\n"
+
+
+def test_read_part_checks_the_schema_first(tmp_path: Path) -> None:
+    """``read --schema T --pointer P`` is broken when the value is not a T, as without --pointer."""
+    ref = store_in_process(tmp_path, {"x": [1, 2]})
+    for extra in ((), ("--pointer", "/x")):
+        done = cli("read", ref, "--root", tmp_path, "--schema", "tests.schemas:Exact", *extra)
+        assert done.returncode == 4, done.stdout
+        assert b"broken: exact entry does not verify" in done.stderr
+    ok = cli("read", ref, "--root", tmp_path, "--schema", "typing:Any", "--pointer", "/x/1")
+    assert (ok.returncode, json.loads(ok.stdout)["value"]) == (0, 2)
 
 
 def test_read_pages_with_pointer_start_stop_and_max_bytes(tmp_path: Path) -> None:

@@ -364,6 +364,21 @@ async def test_http_400_names_status_and_error_type_and_served_model_is_kept(
     assert b"secret" not in msgspec.json.encode(compacted.receipt)
 
 
+async def test_error_codes_and_model_names_that_are_not_identifiers_are_left_out(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """A server echoing prompt text into its error code or model name: the receipt has neither."""
+    echoed = {"type": "Secret Token 4821 from the prompt", "code": "sk-LIVE 4821", "message": "x"}
+    server.script("a", Status(400, error=echoed))
+    server.script("b", Reply(content=json.dumps(GOOD), served="hits: 4821 secret {prompt}"))
+    async with harness_for(workspace, server, ["a", "b"]) as harness:
+        compacted = await compact(harness, search(3000))
+    first, second = attempts(compacted.receipt)
+    assert first.error == "HTTP 400"
+    assert second.served_model is msgspec.UNSET
+    assert b"4821" not in msgspec.json.encode(compacted.receipt)
+
+
 async def test_rungs_and_fallbacks_are_logged_without_content(
     workspace: rc.LocalWorkspace, server: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import msgspec
 import pytest
 
@@ -310,6 +311,46 @@ async def test_read_back_is_capped_and_errors_are_answers(compactor: Compactor) 
     assert nothing["state"] == "error"
     missing = msgspec.json.decode(await small.read("rc1:" + "0" * 64))
     assert missing == {"state": "missing"}
+
+
+async def test_json_string_naming_a_key_twice_is_kept_as_the_string(
+    compactor: Compactor,
+) -> None:
+    """A tool's JSON string with a duplicate key is retained as that string, not half of it."""
+    text = '{"a": 1, "a": 2, "rows": [' + ",".join(["1"] * 20000) + "]}"
+    match = REF.search(await compactor.compact(text))
+    assert match is not None
+    found = await rc.response_compaction_read_exact(compactor.harness, match.group(0), Any)
+    assert isinstance(found, rc.Found)
+    stored: object = found.value
+    assert stored == text
+
+
+async def test_whole_read_back_reply_fits_the_cap(compactor: Compactor) -> None:
+    """The reply, with its fields and the echoed pointer, never exceeds max_bytes (async, sync)."""
+    small = Compactor(harness=compactor.harness, max_bytes=1000)
+    long_key = "k" * 3000
+    text = await small.compact({"rows": [{"id": i, "name": "é" * 10} for i in range(2000)]})
+    match = REF.search(text)
+    assert match is not None
+    wide = await small.compact({long_key: list(range(500)), "pad": "x" * 40000})
+    wide_match = REF.search(wide)
+    assert wide_match is not None
+    asks: list[tuple[str, dict[str, Any]]] = [
+        (match.group(0), {"pointer": "/rows"}),
+        (match.group(0), {"pointer": "/rows", "start": 1234, "max_bytes": 10**9}),
+        (match.group(0), {"pointer": ""}),
+        (wide_match.group(0), {"pointer": ""}),
+        (wide_match.group(0), {"pointer": "/" + long_key}),
+    ]
+    for ref, ask in asks:
+        replies = [await small.read(ref, **ask)]
+        replies.append(
+            await anyio.to_thread.run_sync(functools.partial(small.read_sync, ref, **ask))
+        )
+        for reply in replies:
+            assert len(reply.encode()) <= 1000, reply[:200]
+            assert msgspec.json.decode(reply)["state"] in ("found", "error")
 
 
 @pytest.mark.parametrize(

@@ -184,6 +184,13 @@ async def test_text_decoding_to_infinity_is_kept_as_text(harness: rc.Harness) ->
     assert await stored_value(harness, out.content[0].text) == text
 
 
+async def test_json_text_naming_a_key_twice_is_kept_as_text(harness: rc.Harness) -> None:
+    """Text with a duplicate key is stored as the text, not as the value missing one member."""
+    text = '{"a": 1, "a": 2, "rows": [' + ",".join(["1"] * 2000) + "]}"
+    out = await compact_tool_result(text_result(text), config(harness))
+    assert await stored_value(harness, out.content[0].text) == text
+
+
 async def test_error_results_are_never_compacted(harness: rc.Harness) -> None:
     """An isError result goes back as it came, however large."""
     result = text_result("x" * 5000, error=True)

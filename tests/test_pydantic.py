@@ -303,3 +303,23 @@ async def test_large_list_of_models_round_trips(harness: rc.Harness) -> None:
     )
     assert isinstance(found, rc.Found)
     assert found.value == rows
+
+
+async def test_agent_text_and_json_of_pydantic_outputs(harness: rc.Harness) -> None:
+    """to_agent_text/to_agent_json encode pydantic outputs (by alias), exact and fallback."""
+    rows = [RowP(id=i, name=f"row {i}", pageId="q") for i in range(3)]
+    fallback = SummaryP(overview="not summarized", critical_facts=[])
+    options = {"ladder": "cheap", "fallback": fallback}
+    small = await rc.response_compact(harness, rows, list[RowP], SummaryP, options)
+    assert small.output.kind == "exact"
+    expected = [row.model_dump(by_alias=True) for row in rows]
+    assert (
+        small.to_agent_text().splitlines()[1]
+        == "value: " + msgspec.json.encode(expected, order="sorted").decode()
+    )
+    assert small.to_agent_json()["value"] == expected
+    big = await rc.response_compact(harness, rows * 2000, list[RowP], SummaryP, options)
+    assert big.output.kind == "fallback"
+    text = big.to_agent_text()
+    assert text.splitlines()[1] == 'fallback: {"critical_facts":[],"overview":"not summarized"}'
+    assert big.to_agent_json()["value"] == {"overview": "not summarized", "critical_facts": []}

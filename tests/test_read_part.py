@@ -172,6 +172,26 @@ async def test_unicode_string_cut_on_character_boundary(harness: rc.Harness) -> 
     assert got.complete is False  # the last page started past 0
 
 
+async def test_number_longer_than_the_bound_is_cut_like_a_string(harness: rc.Harness) -> None:
+    """A 4000-digit integer never breaks max_bytes: its digits page like a string's characters."""
+    number = 7 * 10**3999 + 1
+    ref = await store(harness, {"n": number})
+    got = await part(harness, ref, pointer="/n", max_bytes=256)
+    assert size(got) <= 256
+    assert not got.complete
+    assert got.total_bytes == 4000
+    digits = got.value.removesuffix("…[cut]")
+    start = got.next_start
+    while start is not msgspec.UNSET:
+        got = await part(harness, ref, pointer="/n", start=start, max_bytes=256)
+        assert size(got) <= 256
+        digits += got.value.removesuffix("…[cut]")
+        start = got.next_start
+    assert int(digits) == number
+    whole = await part(harness, ref, pointer="/n", max_bytes=4000)
+    assert (whole.value, whole.complete) == (number, True)
+
+
 @pytest.mark.parametrize(
     ("pointer", "problem"),
     [
@@ -179,6 +199,7 @@ async def test_unicode_string_cut_on_character_boundary(harness: rc.Harness) -> 
         ("/a~2", ValueError),
         ("/nope", LookupError),
         ("/rows/200", LookupError),
+        ("/rows/" + "9" * 5000, LookupError),
         ("/rows/01", LookupError),
         ("/rows/-", LookupError),
         ("/flag/x", LookupError),

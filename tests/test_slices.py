@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 import msgspec
@@ -186,6 +186,52 @@ async def test_a_layout_with_swapped_field_names_cannot_swap_the_fields(
             "UPDATE entries SET layout = ? WHERE key = ?", (encode_layout(swapped), hex_digest)
         )
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, TwoLists)
+    assert found == rc.Found(value=value)
+
+
+class IntLists(msgspec.Struct, frozen=True):
+    a: list[int]
+    b: list[int]
+
+
+async def test_a_span_moved_onto_a_field_whose_value_looks_like_the_marker_changes_nothing(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """A forged span naming ``b`` over ``a``'s items is refused even when ``b`` holds ``[0]``."""
+    value = IntLists(a=list(range(200_000)), b=[0])
+    compacted = await rc.response_compact(harness, value, IntLists, Summary, OPTIONS)
+    assert compacted.receipt.exact_bytes > 1 << 20
+    hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
+    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
+    with sqlite3.connect(index) as conn:
+        (stored,) = conn.execute(
+            "SELECT layout FROM entries WHERE key = ?", (hex_digest,)
+        ).fetchone()
+        (span,) = msgspec.json.decode(stored, type=tuple[Span, ...])
+        assert span.field == "a"
+        forged = encode_layout([Span("b", span.start, span.end, span.slices)])
+        conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (forged, hex_digest))
+    found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, IntLists)
+    assert found == rc.Found(value=value)
+
+
+async def test_a_top_level_span_over_a_nested_array_changes_nothing(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """For a top-level list schema, a forged span over a nested array is not the whole value."""
+    value = [{"nested": [{"i": i} for i in range(150_000)]}, {"z": 1}]
+    schema = list[dict[str, Any]]
+    compacted = await rc.response_compact(harness, value, schema, Summary, OPTIONS)
+    assert compacted.receipt.exact_bytes > 1 << 20
+    data = msgspec.json.encode(value, order="sorted")
+    start = data.index(b"[", 1)
+    end = data.index(b"]", start) + 1
+    forged = encode_layout([Span(None, start, end, ((start + 1, end - 1),))])
+    hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
+    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
+    with sqlite3.connect(index) as conn:
+        conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (forged, hex_digest))
+    found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, schema)
     assert found == rc.Found(value=value)
 
 

@@ -20,6 +20,7 @@ from .._harness import Harness, LocalWorkspace
 from .._ladder import SummaryModel
 from .._models import Broken, CompactionOptions, Found, Missing, Receipt
 from .._part import Part
+from .._pydantic import plain_hook
 from .._read import response_compaction_read_part
 from .._store import open_store
 
@@ -135,7 +136,7 @@ class ModelConfig:
 
 
 def _emit(value: Any) -> None:
-    data = msgspec.json.encode(value)
+    data = msgspec.json.encode(value, enc_hook=plain_hook)
     if sys.stdout.isatty():
         data = msgspec.json.format(data, indent=2)
     sys.stdout.buffer.write(data + b"\n")
@@ -231,11 +232,12 @@ def _note_failures(receipt: Receipt) -> None:
 
 
 async def _read(args: argparse.Namespace) -> int:
-    window = (args.pointer, args.start, args.stop, args.max_bytes)
-    result: Found[Any] | Missing | Broken
-    if all(option is None for option in window):
+    whole = all(option is None for option in (args.pointer, args.start, args.stop, args.max_bytes))
+    result: Found[Any] | Missing | Broken = Found(value=None)
+    if whole or args.schema is not Any:
+        # As the MCP tool: a --schema is checked against the whole value before a part is cut.
         result = await response_compaction_read_exact(_harness(args), args.ref, args.schema)
-    else:
+    if not whole and isinstance(result, Found):
         result = await response_compaction_read_part(
             _harness(args),
             args.ref,
@@ -250,7 +252,8 @@ async def _read(args: argparse.Namespace) -> int:
             shown = {k: v for k, v in msgspec.to_builtins(result.value).items() if k != "json"}
             _emit(shown)
             return EXIT_OK
-        sys.stdout.buffer.write(msgspec.json.encode(result.value, order="sorted") + b"\n")
+        data = msgspec.json.encode(result.value, order="sorted", enc_hook=plain_hook)
+        sys.stdout.buffer.write(data + b"\n")
         sys.stdout.flush()
         return EXIT_OK
     if isinstance(result, Missing):

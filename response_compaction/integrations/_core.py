@@ -17,8 +17,10 @@ import msgspec
 
 from .. import sync
 from .._compact import response_compact
+from .._part import MIN_MAX_BYTES
 from .._pydantic import pydantic_plain
 from .._read import response_compaction_read_part
+from .._refusals import duplicate_key_path
 from ..mcp import read_result_as_dict
 
 __all__ = ["READ_EXACT_DESCRIPTION", "AgentSummary", "Compactor"]
@@ -31,6 +33,8 @@ READ_EXACT_DESCRIPTION = (
     "complete, total_items, next_start: call again with start=next_start for more); "
     "'missing' when it expired; 'broken' or 'error' with a detail."
 )
+#: Room kept in a read-back reply for everything but the part's value and the echoed pointer.
+_REPLY_OVERHEAD = 320
 
 
 class AgentSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,14 +137,9 @@ class Compactor:
         max_bytes: int | None = None,
     ) -> str:
         """:meth:`read` for a worker thread, through the blocking facade."""
-        read = functools.partial(
-            sync.response_compaction_read_part,
-            self.harness,
-            exact_ref,
-            **self._window(pointer, start, stop, max_bytes),
-        )
         try:
-            result = read()
+            window = self._window(pointer, start, stop, max_bytes)
+            result = sync.response_compaction_read_part(self.harness, exact_ref, **window)
         except (LookupError, ValueError) as exc:
             return _json({"state": "error", "detail": str(exc)})
         return _json(read_result_as_dict(result))
@@ -148,7 +147,12 @@ class Compactor:
     def _window(
         self, pointer: str, start: int | None, stop: int | None, max_bytes: int | None
     ) -> dict[str, Any]:
-        cap = self.max_bytes if max_bytes is None else max(256, min(max_bytes, self.max_bytes))
+        # The reply echoes the pointer beside the part and its fields: all of it fits the cap.
+        echoed = len(msgspec.json.encode(pointer)) if isinstance(pointer, str) else 0
+        room = self.max_bytes - _REPLY_OVERHEAD - echoed
+        if room < MIN_MAX_BYTES:
+            raise ValueError("this tool's reply cap (max_bytes) is too small for this pointer")
+        cap = room if max_bytes is None else max(MIN_MAX_BYTES, min(max_bytes, room))
         return {"pointer": pointer, "start": start, "stop": stop, "max_bytes": cap}
 
     def read_function(self) -> Callable[..., Any]:
@@ -171,10 +175,16 @@ class Compactor:
 def _exact(result: Any) -> Any:
     # Tools often return JSON as a string: retain the value it holds, else the string itself.
     if isinstance(result, str | bytes):
+        text = result if isinstance(result, str) else result.decode("utf-8", "replace")
         try:
-            return msgspec.json.decode(result)
+            value = msgspec.json.decode(result)
         except msgspec.DecodeError:
-            return result if isinstance(result, str) else result.decode("utf-8", "replace")
+            return text
+        # Decoding keeps the last of two equal keys: such JSON is kept as the text it was.
+        try:
+            return text if duplicate_key_path(text.encode()) is not None else value
+        except ValueError:  # keys that cannot be checked: the text is what is certain
+            return text
     return pydantic_plain(result)
 
 
