@@ -25,10 +25,13 @@ from ._refusals import duplicate_key_path, first_problem, keys_may_merge, merged
 
 __all__ = [
     "PIECE_BYTES",
+    "TOO_DEEP",
     "Span",
     "canonical_bytes",
     "decode_exact",
+    "duplicate_keys_message",
     "iter_canonical",
+    "merged_keys_message",
     "to_exact_value",
 ]
 
@@ -42,7 +45,7 @@ _HOLE = re.compile(rb"\x00(\d+)\x00")
 _NON_FINITE_MSGPACK = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]")
 _MSGPACK = msgspec.msgpack.Encoder()
 _FIRST_SLICE = 16
-_TOO_DEEP = (
+TOO_DEEP = (
     "exact_response nests too deeply for canonical JSON (the bound is Python's recursion"
     " limit, about 1000 levels by default)"
 )
@@ -80,17 +83,30 @@ def to_exact_value(response: Any, schema: Any) -> Any:
             f"exact_response does not validate against exact_schema: {content_free(exc)}"
         ) from None
     except RecursionError:
-        raise ValueError(_TOO_DEEP) from None
+        raise ValueError(TOO_DEEP) from None
     if plain is not None and keys_may_merge(schema):
         # A schema with float, UUID, datetime... keys reads "1" and "1.0" as one key: the
         # input had two members, the value would keep one.
         path = merged_key_path(value, plain())
         if path is not None:
-            raise ValueError(
-                "exact_response has two keys that exact_schema reads as one key in the object"
-                f" at `{path}`; decoding would keep only the last"
-            )
+            raise ValueError(merged_keys_message(path))
     return value
+
+
+def merged_keys_message(path: str) -> str:
+    """The refusal of two keys that ``exact_schema`` reads as one, in the object at ``path``."""
+    return (
+        "exact_response has two keys that exact_schema reads as one key in the object"
+        f" at `{path}`; decoding would keep only the last"
+    )
+
+
+def duplicate_keys_message(path: str) -> str:
+    """The refusal of JSON text that names one key twice in the object at ``path``."""
+    return (
+        f"exact_response is JSON text with an object that names one key twice at `{path}`;"
+        " decoding would keep only the last"
+    )
 
 
 def _convert(response: Any, schema: Any) -> tuple[Any, Callable[[], Any] | None]:
@@ -111,10 +127,7 @@ def _convert(response: Any, schema: Any) -> tuple[Any, Callable[[], Any] | None]
 def _refuse_duplicate_keys(data: bytes) -> None:
     path = duplicate_key_path(data)
     if path is not None:
-        raise ValueError(
-            f"exact_response is JSON text with an object that names one key twice at `{path}`;"
-            " decoding would keep only the last"
-        )
+        raise ValueError(duplicate_keys_message(path))
 
 
 def decode_exact(data: bytes | memoryview, schema: Any) -> Any:
@@ -175,7 +188,7 @@ def _guarded(value: Any, pieces: Iterator[bytes | memoryview]) -> Iterator[bytes
     except RecursionError:
         # Values nested about a thousand levels deep exceed msgspec's (and this module's)
         # recursion: a clear ValueError, not a RecursionError from deep inside the encoder.
-        raise ValueError(_TOO_DEEP) from None
+        raise ValueError(TOO_DEEP) from None
 
 
 class _Stream:

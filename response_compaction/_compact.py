@@ -10,9 +10,11 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeVar, overload
 
+import anyio.lowlevel
 from msgspec import UNSET, UnsetType
 
-from ._canonical import Span, iter_canonical, to_exact_value
+from ._canonical import Span, iter_canonical
+from ._convert import convert_exact, release
 from ._digest import DIGEST_PREFIX
 from ._harness import HarnessLike
 from ._ladder import Source
@@ -86,11 +88,13 @@ async def response_compact(
     # Checked with or without a model, so a test on llm=None refuses what production would.
     json_schema = strict_json_schema(summary_schema)
     routes = () if llm is None else tuple(llm.routes(opts.ladder))
-    value = to_exact_value(exact_response, exact_schema)
+    value, owned = await convert_exact(exact_response, exact_schema, anyio.lowlevel.checkpoint)
     store = await open_store(harness.fs)
     head = Head.for_options(opts, model=llm is not None)
     layout: list[Span] = []
     stored = await _store_exact(store, value, exact_schema, opts, head, layout)
+    if owned is not None and stored.size > opts.summarize_above_bytes:
+        await release(owned, anyio.lowlevel.checkpoint)  # not handed back: free it gradually
     exact = _ExactFacts(DIGEST_PREFIX + stored.hex_digest, stored.size, reused=stored.reused)
     if stored.size <= opts.summarize_above_bytes:
         return Compacted(output=ExactOutput(value=stored.value), receipt=exact.receipt(started))
