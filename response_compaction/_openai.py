@@ -156,9 +156,10 @@ class OpenAICatalog:
 
 
 #: What an error type or code may look like to be shown (``exceed_context_size_error``,
-#: ``context_length_exceeded``, ``invalid_request_error``). Anything else is left out: a
-#: server that echoes the prompt into it must not carry response content into the receipt.
-_IDENTIFIER = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+#: ``context_length_exceeded``, ``invalid_request_error``, vLLM's ``BadRequestError``).
+#: Anything else is left out: a server that echoes the prompt into it must not carry
+#: response content into the receipt.
+_IDENTIFIER = re.compile(r"[a-z][a-z0-9_.-]{0,63}|[A-Z][A-Za-z0-9]{0,50}(?:Error|Exception)")
 #: Model names as servers report them (``gpt-4.1-mini-2025-04-14``, ``org/Model-8B``).
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,127}")
 
