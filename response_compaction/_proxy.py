@@ -121,6 +121,8 @@ def _json_or_string(text: str) -> Any:
 async def open_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> AsyncIterator[Any]:
     """Start ``command`` and yield the proxy's low-level MCP ``Server`` (not yet serving)."""
     mcp = _import_mcp("mcp")
+    if not hasattr(mcp, "Client"):  # the 1.x SDK has no in-memory/stdio Client to proxy with
+        raise ModuleNotFoundError("the proxy needs the mcp SDK 2.x: pip install 'mcp>=2'")
     types = _import_mcp("mcp.types")
     lowlevel = _import_mcp("mcp.server.lowlevel")
     resolve_options(config.options, config.summary_schema)  # bad options: fail before starting
