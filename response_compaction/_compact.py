@@ -36,6 +36,7 @@ from ._prompt import Head
 from ._refs import MalformedRefError, exact_ref_for, parse_exact_ref
 from ._schema import strict_json_schema
 from ._store import Store, Stored, open_store
+from ._store._turns import cpu_turn, next_turn
 from ._summary import SummaryOutcome, fallback_value, summarize
 
 __all__ = ["response_compact", "response_compaction_read_exact"]
@@ -88,7 +89,10 @@ async def response_compact(
     # Checked with or without a model, so a test on llm=None refuses what production would.
     json_schema = strict_json_schema(summary_schema)
     routes = () if llm is None else tuple(llm.routes(opts.ladder))
-    value, owned = await convert_exact(exact_response, exact_schema, anyio.lowlevel.checkpoint)
+    # Converting is a CPU-bound step: 32 compactions started together take turns, not one
+    # pass of the event loop (see ``_store._turns``).
+    async with cpu_turn():
+        value, owned = await convert_exact(exact_response, exact_schema, next_turn)
     store = await open_store(harness.fs)
     head = Head.for_options(opts, model=llm is not None)
     layout: list[Span] = []
