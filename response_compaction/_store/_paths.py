@@ -268,11 +268,12 @@ class Dirs:
                 os.close(kind_fd)
         return self._fans[slot]
 
-    def publish(self, temp_name: str, kind: Kind, key: str) -> None:
+    def publish(self, temp_name: str, kind: Kind, key: str, *, sync: bool = True) -> None:
         """Rename a verified temp file into place and make the rename durable.
 
         A directory where the entry belongs (which ``rename`` cannot replace) is moved aside
-        first, so no planted object makes a value permanently uncompactable.
+        first, so no planted object makes a value permanently uncompactable. ``sync=False``:
+        the caller fsyncs ``fanout(kind, key)`` itself (once for several renames).
         """
         fan_fd = self.fanout(kind, key)
         try:
@@ -282,7 +283,8 @@ class Dirs:
                 raise
             self._displace(fan_fd, key)
             os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
-        os.fsync(fan_fd)
+        if sync:
+            os.fsync(fan_fd)
 
     def unlink(self, kind: Kind, key: str) -> None:
         """Remove one entry (whatever sits at its name) if it is there."""

@@ -25,11 +25,12 @@ from .._errors import StoreError, map_errors
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
-from ._commit import publish
+from ._commit import Publication
 from ._fileio import FileBackend, write_all
+from ._group import publish_grouped
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import Kind, NotRegularFileError, open_dir, open_fanout, opener, unlink_quietly
-from ._turns import cpu_turn, writer_turn
+from ._turns import cpu_turn
 from ._verify import check_trusted, decoded_value, read_all, seal, verify_file
 
 __all__ = ["LOCK_WAIT_SECONDS", "Stepwise", "Stored"]
@@ -120,18 +121,10 @@ class Stepwise:
                     now + ttl_seconds,
                     encode_layout(layout) if layout else None,
                 )
-                async with self._using_index() as index, writer_turn(self.root):
+                item = Publication(temp_name, kind, key or hex_digest, row, now, max_entries)
+                async with self._using_index() as index:
                     with map_errors(f"could not publish the {kind} value in the store index"):
-                        reused = await self._patiently(
-                            publish,
-                            index,
-                            temp_name,
-                            kind,
-                            key or hex_digest,
-                            row,
-                            now,
-                            max_entries,
-                        )
+                        reused = await publish_grouped(self._patiently, index, item)
                 published = True
             finally:
                 with anyio.CancelScope(shield=True):

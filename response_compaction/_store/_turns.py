@@ -67,7 +67,7 @@ class _Turn:
 
 
 def cpu_turn() -> _Turn:
-    """The turn CPU-bound steps on this event loop take (``async with cpu_turn():``)."""
+    """The turn CPU-bound steps on this event loop take, held with ``async with``."""
     try:
         return _CPU.get()
     except LookupError:

@@ -126,9 +126,10 @@ async def verify_file(
             if problem is not None:
                 raise ValueError(problem)
             return None
-    data = await read_all(backend, path)
-    await backend.run(check_digest, data, hex_digest, size, key)
-    value = await decoded_value(data, schema, spans)
+    with _pool.verifying_here():
+        data = await read_all(backend, path)
+        await backend.run(check_digest, data, hex_digest, size, key)
+        value = await decoded_value(data, schema, spans)
     return value if want_value else None
 
 
