@@ -89,10 +89,7 @@ async def response_compact(
     # Checked with or without a model, so a test on llm=None refuses what production would.
     json_schema = strict_json_schema(summary_schema)
     routes = () if llm is None else tuple(llm.routes(opts.ladder))
-    # Converting is a CPU-bound step: 32 compactions started together take turns, not one
-    # pass of the event loop (see ``_store._turns``).
-    async with cpu_turn():
-        value, owned = await convert_exact(exact_response, exact_schema, next_turn)
+    value, owned = await _converted(exact_response, exact_schema)
     store = await open_store(harness.fs)
     head = Head.for_options(opts, model=llm is not None)
     layout: list[Span] = []
@@ -150,6 +147,16 @@ async def response_compaction_read_exact(
         return Broken(detail=str(error))
     store = await open_store(harness.fs)
     return await store.get("exact", parsed.hex, exact_schema)
+
+
+async def _converted(response: object, schema: object) -> tuple[Any, list[Any] | None]:
+    """:func:`convert_exact` as a CPU-bound step of this event loop (see ``_store._turns``).
+
+    32 compactions started together then take turns instead of all converting in one pass
+    of the loop.
+    """
+    async with cpu_turn():
+        return await convert_exact(response, schema, next_turn)
 
 
 async def _store_exact(

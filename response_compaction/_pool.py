@@ -25,7 +25,6 @@ see ``_store._partial``): they read it, check its keyed digest and send back onl
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import importlib
 import operator
@@ -36,13 +35,10 @@ import sys
 import threading
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import msgspec
-from anyio.lowlevel import RunVar
 
 __all__ = [
     "NOT_DONE",
@@ -53,8 +49,6 @@ __all__ = [
     "resolve",
     "send",
     "usable_cores",
-    "verify",
-    "verifying_here",
 ]
 
 #: What :func:`verify` returns when no worker did the job: the caller must verify.
@@ -326,6 +320,8 @@ async def call(request: dict[str, Any], worker: _Worker | None = None) -> Any:
 
     NOT_DONE: no worker was idle, or it could not do the job.
     """
+    import anyio.to_thread
+
     worker = worker or POOL.checkout()
     if worker is None:
         return NOT_DONE
@@ -342,78 +338,3 @@ async def call(request: dict[str, Any], worker: _Worker | None = None) -> Any:
         return NOT_DONE
     POOL.calls += 1
     return reply
-
-
-class _Share:
-    """Verifications of one event loop: how many are in workers and in the caller."""
-
-    __slots__ = ("changed", "in_flight", "local")
-
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self.local = 0
-        self.changed = anyio.Event()
-
-    def poke(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
-
-
-_SHARES: RunVar[_Share] = RunVar("response_compaction_pool_share")
-
-
-def _share() -> _Share:
-    try:
-        return _SHARES.get()
-    except LookupError:
-        share = _Share()
-        _SHARES.set(share)
-        return share
-
-
-@contextlib.contextmanager
-def verifying_here() -> Iterator[None]:
-    """Around a verification done in the caller's process (see :func:`verify`)."""
-    share = _share()
-    share.local += 1
-    try:
-        yield
-    finally:
-        share.local -= 1
-        share.poke()
-
-
-async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
-    """Have a worker verify the file at ``path``: what is wrong, None, or NOT_DONE.
-
-    With every worker busy the caller's core is one more worker, but only one: while this
-    loop verifies one value itself, the next waits for one of this loop's workers to come
-    back (32 at once otherwise all ran on the loop's core while the workers sat idle).
-    """
-    description = describe(schema)
-    if description is None:
-        return NOT_DONE
-    share = _share()
-    worker = POOL.checkout()
-    while worker is None and share.local and share.in_flight:
-        await share.changed.wait()
-        worker = POOL.checkout()
-    if worker is None:
-        return NOT_DONE
-    share.in_flight += 1
-    try:
-        reply = await call(
-            {
-                "op": "verify",
-                "path": path,
-                "digest": hex_digest,
-                "size": size,
-                "key": key,
-                "schema": msgspec.json.encode(description).decode(),
-            },
-            worker,
-        )
-    finally:
-        share.in_flight -= 1
-        share.poke()
-    return reply if reply is NOT_DONE else reply["problem"]

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import anyio
 import anyio.lowlevel
 
-from .. import _pool
+from .. import _pool, _verifiers
 from .._canonical import Span, decode_exact
 from .._digest import digest_hex, matches
 from .._perf import paused_gc
@@ -121,12 +121,12 @@ async def verify_file(
     can travel there. Raises ``ValueError`` with what is wrong.
     """
     if use_worker and size >= WORKER_VERIFY_BYTES and not want_value:
-        problem = await _pool.verify(path, hex_digest, size, schema, key)
+        problem = await _verifiers.verify(path, hex_digest, size, schema, key)
         if problem is not _pool.NOT_DONE:
             if problem is not None:
                 raise ValueError(problem)
             return None
-    with _pool.verifying_here():
+    with _verifiers.verifying_here():
         data = await read_all(backend, path)
         await backend.run(check_digest, data, hex_digest, size, key)
         value = await decoded_value(data, schema, spans)
