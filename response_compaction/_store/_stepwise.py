@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,7 +27,7 @@ from .._models import Broken, Found, Missing
 from .._slices import decode_layout, encode_layout
 from . import _index
 from ._commit import Publication
-from ._fileio import FileBackend, write_all
+from ._fileio import AsyncBinaryFile, FileBackend, write_all
 from ._group import publish_grouped
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import Kind, NotRegularFileError, open_dir, open_fanout, opener, unlink_quietly
@@ -143,42 +144,53 @@ class Stepwise:
         *,
         size_for_value: int,
     ) -> tuple[str, int, Any]:
-        """Write, fsync and close the temp file, then verify it: (digest, size, value)."""
+        """Write the temp file, fsync it while verifying it, close it: (digest, size, value).
+
+        The read-back sees the bytes written whether or not they are on disk yet, so the fsync
+        (a disk wait) runs beside the verification (CPU) instead of before it; both end before
+        anything is published.
+        """
         backend = self._backend
         file = await backend.open(temp_name, "xb", opener(tmp_fd, 0o600))
         try:
-            hasher = new_hasher(self._key)
-            size = 0
-            it = iter(pieces)
-            while True:
-                async with cpu_turn():  # encoding the next piece holds the loop
-                    piece = next(it, None)
-                    if piece is not None:
-                        hasher.update(piece)
-                if piece is None:
-                    break
-                size += len(piece)
-                await write_all(file, piece)
-            await backend.run(os.fsync, file.fileno())
+            hex_digest, size = await self._write_pieces(file, pieces)
+            verify = functools.partial(
+                verify_file,
+                backend,
+                os.path.join(self.root, "tmp", temp_name),
+                hex_digest,
+                size,
+                schema,
+                tuple(layout or ()),
+                self._key,
+                want_value=size <= size_for_value,
+                use_worker=self._fast,
+            )
+            value = await _synced_while(backend, file.fileno(), verify)
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
                 await file.close()
             raise
         await file.close()  # a failing close after fsync is still a failure to retain
-        hex_digest = hasher.hexdigest()
-        temp_path = os.path.join(self.root, "tmp", temp_name)
-        value = await verify_file(
-            backend,
-            temp_path,
-            hex_digest,
-            size,
-            schema,
-            tuple(layout or ()),
-            self._key,
-            want_value=size <= size_for_value,
-            use_worker=self._fast,
-        )
         return hex_digest, size, value
+
+    async def _write_pieces(
+        self, file: AsyncBinaryFile, pieces: Iterable[bytes | memoryview]
+    ) -> tuple[str, int]:
+        """Encode and write every piece: (keyed digest, size)."""
+        hasher = new_hasher(self._key)
+        size = 0
+        it = iter(pieces)
+        while True:
+            async with cpu_turn():  # encoding the next piece holds the loop
+                piece = next(it, None)
+                if piece is not None:
+                    hasher.update(piece)
+            if piece is None:
+                break
+            size += len(piece)
+            await write_all(file, piece)
+        return hasher.hexdigest(), size
 
     async def _get_stepwise(
         self, kind: Kind, key: str, schema: Any
@@ -234,3 +246,27 @@ class Stepwise:
             if exc.errno == errno.ELOOP:
                 return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
             raise
+
+
+async def _synced_while(backend: FileBackend, fd: int, work: Callable[[], Awaitable[T]]) -> T:
+    """``work()`` while ``fd`` is fsynced in a worker thread; a failed fsync wins."""
+    failed: list[Exception] = []
+
+    async def sync() -> None:
+        try:
+            await backend.run(os.fsync, fd)
+        except Exception as exc:  # raised below, after the work, so it is not grouped
+            failed.append(exc)
+
+    problem: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sync)
+        try:
+            result = await work()
+        except Exception as exc:
+            problem = exc
+    if failed:
+        raise failed[0]
+    if problem is not None:
+        raise problem
+    return result
