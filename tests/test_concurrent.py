@@ -1,0 +1,230 @@
+"""Concurrent compactions on one event loop (issue 10): group commit, CPU turns, NaN scans.
+
+Group commit: publishes queued while another holds the store's writer turn go out together,
+in one transaction, each with its own result. The blocking step is driven through
+``publish_grouped``'s ``patiently`` parameter (the store passes its retrying thread runner),
+so each test decides when the first publish ends without sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+import response_compaction as rc
+from response_compaction._canonical import iter_canonical
+from response_compaction._store import _index, open_store
+from response_compaction._store._commit import Publication, publish, publish_all
+from response_compaction._store._group import publish_grouped
+from response_compaction._store._index import Row
+from response_compaction._store._turns import STEPS_SECONDS, cpu_turn
+from tests._store_support import (
+    compact,
+    entry_files,
+    hex_of,
+    index_rows,
+    ref_of,
+    store_root,
+    temp_files,
+)
+from tests.schemas import Exact
+from tests.schemas import Row as ExactRow
+
+pytestmark = pytest.mark.anyio
+
+
+def _value(i: int, rows: int = 1) -> Exact:
+    return Exact(rows=[ExactRow(id=i * 1000 + n, name=f"row {n}") for n in range(rows)], total=rows)
+
+
+async def _temp_items(workspace: rc.LocalWorkspace, count: int) -> tuple[str, list[Publication]]:
+    """``count`` temp files in the store's ``tmp/``, each ready to publish under its own key."""
+    store = await open_store(workspace)
+    items = []
+    for i in range(count):
+        data = b"".join(iter_canonical(_value(i)))
+        key = hex_of(_value(i))
+        name = f"{secrets.token_hex(12)}.tmp"
+        with open(os.path.join(store.root, "tmp", name), "xb") as file:  # noqa: ASYNC230
+            file.write(data)
+        items.append(Publication(name, "exact", key, Row(key, len(data), 1e12, None), 1.0, 100))
+    return store.root, items
+
+
+async def test_publishes_queued_behind_a_publish_go_out_together(
+    workspace: rc.LocalWorkspace,
+) -> None:
+    """Two publishes queued behind a third share one publish_all, each with its own result."""
+    root, items = await _temp_items(workspace, 3)
+    index = _index.acquire(root)
+    calls: list[tuple[str, int]] = []
+    first_may_end = anyio.Event()
+
+    async def patiently(fn: Callable[..., Any], *args: Any) -> Any:
+        calls.append((fn.__name__, len(args[1]) if fn is publish_all else 1))
+        if len(calls) == 1:
+            await first_may_end.wait()
+        return fn(*args)
+
+    results: dict[int, bool] = {}
+
+    async def one(i: int) -> None:
+        results[i] = await publish_grouped(patiently, index, items[i])
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 0)
+            await anyio.wait_all_tasks_blocked()  # the first holds the turn, inside its publish
+            tg.start_soon(one, 1)
+            tg.start_soon(one, 2)
+            await anyio.wait_all_tasks_blocked()  # both queued on the writer turn
+            first_may_end.set()
+    finally:
+        _index.release(index)
+    assert calls == [("publish", 1), ("publish_all", 2)]
+    assert results == {0: False, 1: False, 2: False}
+    root_path = Path(root)
+    assert entry_files(root_path) == {item.key for item in items}
+    assert index_rows(root_path) == {item.key for item in items}
+    assert temp_files(root_path) == []
+
+
+async def test_a_failed_group_fails_its_owner_and_the_others_publish_again(
+    workspace: rc.LocalWorkspace,
+) -> None:
+    """The group's owner gets the error; the other member publishes on its own and succeeds."""
+    root, items = await _temp_items(workspace, 3)
+    index = _index.acquire(root)
+    calls: list[str] = []
+    first_may_end = anyio.Event()
+
+    async def patiently(fn: Callable[..., Any], *args: Any) -> Any:
+        calls.append(fn.__name__)
+        if len(calls) == 1:
+            await first_may_end.wait()
+        if fn is publish_all:
+            raise OSError(28, "No space left on device")
+        return fn(*args)
+
+    outcomes: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        try:
+            outcomes[i] = await publish_grouped(patiently, index, items[i])
+        except OSError as exc:
+            outcomes[i] = exc.errno
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 0)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(one, 1)
+            tg.start_soon(one, 2)
+            await anyio.wait_all_tasks_blocked()
+            first_may_end.set()
+    finally:
+        _index.release(index)
+    assert calls == ["publish", "publish_all", "publish"]
+    assert sorted(outcomes.values(), key=str) == sorted([False, 28, False], key=str)
+    assert index_rows(Path(root)) == {items[0].key} | {
+        items[i].key for i in (1, 2) if outcomes[i] is False
+    }
+
+
+async def test_a_rename_failing_in_a_group_fails_only_its_item(
+    workspace: rc.LocalWorkspace,
+) -> None:
+    """publish_all: an item whose temp file is gone gets its OSError; the others are recorded."""
+    root, items = await _temp_items(workspace, 3)
+    os.unlink(os.path.join(root, "tmp", items[1].temp_name))
+    index = _index.acquire(root)
+    try:
+        results = publish_all(index, items)
+    finally:
+        _index.release(index)
+    assert results[0] is False
+    assert results[2] is False
+    assert isinstance(results[1], FileNotFoundError)
+    assert index_rows(Path(root)) == {items[0].key, items[2].key}
+    assert entry_files(Path(root)) == {items[0].key, items[2].key}
+
+
+async def test_a_lone_publish_takes_the_single_publish_path(
+    workspace: rc.LocalWorkspace,
+) -> None:
+    """With nothing else queued, the publish is _commit.publish itself (the fault seam's view)."""
+    root, items = await _temp_items(workspace, 1)
+    index = _index.acquire(root)
+    seen: list[object] = []
+
+    async def patiently(fn: Callable[..., Any], *args: Any) -> Any:
+        seen.append(fn)
+        return fn(*args)
+
+    try:
+        assert await publish_grouped(patiently, index, items[0]) is False
+    finally:
+        _index.release(index)
+    assert seen == [publish]
+
+
+async def test_concurrent_large_compactions_each_read_back_their_own_value(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """Twelve ~300 KB compactions at once on one store: every receipt reads back its value."""
+    values = [_value(i, rows=12_000) for i in range(12)]
+    receipts: dict[int, rc.Receipt] = {}
+
+    async def one(i: int) -> None:
+        receipts[i] = (await compact(harness, values[i])).receipt
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(values)):
+            tg.start_soon(one, i)
+    for i, value in enumerate(values):
+        assert receipts[i].exact_ref == ref_of(value)
+        assert receipts[i].exact_cache == "stored"
+        found = await rc.response_compaction_read_exact(harness, receipts[i].exact_ref, Exact)
+        assert found == rc.Found(value=value)
+    assert len(index_rows(store_root(workspace))) >= len(values)
+    assert temp_files(store_root(workspace)) == []
+
+
+async def test_cpu_steps_yield_holding_the_turn_once_they_ran_long_enough() -> None:
+    """Steps that ran STEPS_SECONDS back to back: the next takes the yield branch, then restarts."""
+    turn = cpu_turn()
+    turn.spent = STEPS_SECONDS / 2
+    async with turn:
+        short = turn.spent  # below the bound: no yield, the count goes on
+    turn.spent = STEPS_SECONDS  # as if steps had just run that long without a yield
+    async with turn:
+        long = turn.spent  # the yield happened holding the turn: counting starts again
+    assert short == STEPS_SECONDS / 2
+    assert long == 0.0
+    assert turn.spent < STEPS_SECONDS
+    assert not turn.lock.locked()
+
+
+async def test_a_nan_among_many_floats_is_refused_with_its_path() -> None:
+    """The narrowed scan of a long list still finds a NaN, and names where it is."""
+    values = [0.5] * 5000
+    values[4321] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or infinity at `\$\[4321\]`"):
+        b"".join(iter_canonical(values))
+
+
+async def test_float_bytes_that_look_like_a_nan_are_not_refused() -> None:
+    """A finite float whose bytes hold the NaN marker makes the scan suspicious, not a refusal."""
+    (lookalike,) = struct.unpack(">d", b"\x40\xcb\x7f\xf0\x00\x00\x00\x01")
+    values: list[float | None] = [0.25] * 3000
+    values[1234] = lookalike
+    values[7] = None  # a null in the output, so the scan runs at all
+    assert b"".join(iter_canonical(values)) == msgspec.json.encode(values)
