@@ -20,6 +20,7 @@ import msgspec
 import pytest
 
 import response_compaction as rc
+from response_compaction import _pool
 from response_compaction._canonical import iter_canonical
 from response_compaction._store import _index, open_store
 from response_compaction._store._commit import Publication, publish, publish_all
@@ -176,19 +177,24 @@ async def test_a_lone_publish_takes_the_single_publish_path(
     assert seen == [publish]
 
 
-async def test_concurrent_large_compactions_each_read_back_their_own_value(
+async def test_concurrent_large_compactions_are_verified_by_workers_and_read_back(
     harness: rc.Harness, workspace: rc.LocalWorkspace
 ) -> None:
-    """Twelve ~300 KB compactions at once on one store: every receipt reads back its value."""
+    """Twelve ~640 KB compactions at once: workers verify all, every receipt reads back."""
+    _pool.POOL.start()
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= 1, 60)
     values = [_value(i, rows=12_000) for i in range(12)]
     receipts: dict[int, rc.Receipt] = {}
 
     async def one(i: int) -> None:
         receipts[i] = (await compact(harness, values[i])).receipt
 
+    before = _pool.POOL.calls
     async with anyio.create_task_group() as tg:
         for i in range(len(values)):
             tg.start_soon(one, i)
+    # With every worker busy, the others waited for one instead of decoding on the loop.
+    assert _pool.POOL.calls == before + len(values)
     for i, value in enumerate(values):
         assert receipts[i].exact_ref == ref_of(value)
         assert receipts[i].exact_cache == "stored"
