@@ -42,6 +42,8 @@ INDEX_ERRORS = "could not use the store index"
 #: is a series of short tries with event-loop checkpoints between them, so a caller's deadline
 #: or cancellation stops it at once.
 LOCK_WAIT_SECONDS = 60.0
+#: Pieces at least this big may be hashed in a worker thread beside their write.
+HASH_BESIDE_BYTES = 64 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,8 @@ class Stepwise:
                 want_value=size <= size_for_value,
                 use_worker=self._fast,
             )
-            value = await _synced_while(backend, file.fileno(), verify)
+            fsync = functools.partial(backend.run, os.fsync, file.fileno())
+            value = await _beside(fsync, verify)
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
                 await file.close()
@@ -181,15 +184,23 @@ class Stepwise:
         hasher = new_hasher(self._key)
         size = 0
         it = iter(pieces)
+        turn = cpu_turn()
         while True:
-            async with cpu_turn():  # encoding the next piece holds the loop
+            async with turn:  # encoding the next piece holds the loop
                 piece = next(it, None)
-                if piece is not None:
+                # Others waiting for the loop: hash a big piece in a worker thread (hashing
+                # lets go of the GIL) beside its write. Alone, the extra hop costs more.
+                beside = piece is not None and len(piece) >= HASH_BESIDE_BYTES and turn.wanted()
+                if piece is not None and not beside:
                     hasher.update(piece)
             if piece is None:
                 break
             size += len(piece)
-            await write_all(file, piece)
+            if beside:
+                update = functools.partial(self._backend.run, hasher.update, piece)
+                await _beside(update, functools.partial(write_all, file, piece))
+            else:
+                await write_all(file, piece)
         return hasher.hexdigest(), size
 
     async def _get_stepwise(
@@ -248,19 +259,22 @@ class Stepwise:
             raise
 
 
-async def _synced_while(backend: FileBackend, fd: int, work: Callable[[], Awaitable[T]]) -> T:
-    """``work()`` while ``fd`` is fsynced in a worker thread; a failed fsync wins."""
+async def _beside(blocking: Callable[[], Awaitable[object]], work: Callable[[], Awaitable[T]]) -> T:
+    """``work()`` while ``blocking()`` (a worker-thread call) runs beside it.
+
+    A failure of ``blocking`` wins over one of ``work``; neither is wrapped in a group.
+    """
     failed: list[Exception] = []
 
-    async def sync() -> None:
+    async def aside() -> None:
         try:
-            await backend.run(os.fsync, fd)
+            await blocking()
         except Exception as exc:  # raised below, after the work, so it is not grouped
             failed.append(exc)
 
     problem: Exception | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(sync)
+        tg.start_soon(aside)
         try:
             result = await work()
         except Exception as exc:

@@ -55,6 +55,10 @@ class _Turn:
                 raise
         self._began = time.perf_counter()
 
+    def wanted(self) -> bool:
+        """Whether other tasks are waiting for this turn."""
+        return self.lock.statistics().tasks_waiting > 0
+
     def release(self) -> None:
         self.spent += time.perf_counter() - self._began
         self.lock.release()
