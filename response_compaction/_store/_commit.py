@@ -7,7 +7,8 @@ one-hop paths of ``_oneshot``.
 from __future__ import annotations
 
 from ._index import Index, Row, Transaction
-from ._paths import KINDS, Dirs, Kind
+from ._paths import KINDS, Kind
+from ._tree import Dirs
 
 __all__ = ["prune_all", "publish", "remove_entry", "renew"]
 

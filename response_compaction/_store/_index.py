@@ -167,11 +167,12 @@ class Index:
         """Whether uses are waiting to be written and the batching interval has passed."""
         return bool(self._pending) and time.monotonic() >= self._next_flush
 
-    def record_use(self, kind: Kind, key: str, now: float) -> None:
+    def record_use(self, kind: Kind, key: str, now: float, *, flush: bool = True) -> None:
         """Count a read as a use, best-effort: never waits for the write lock, never raises.
 
         A use that cannot be written now is kept and written by this process's next write;
-        losing some only changes which entry the LRU bound evicts first.
+        losing some only changes which entry the LRU bound evicts first. ``flush=False`` (on
+        the event loop thread) only notes it: writing a batch is a commit, an fsync.
         """
         if self.read_only:
             return
@@ -181,7 +182,7 @@ class Index:
         # Batched: a commit (and its WAL fsync) per read cost ten times the read itself. Uses
         # go out with this process's next write, or here at most every USE_FLUSH_SECONDS.
         due = time.monotonic()
-        if due < self._next_flush or not self._lock.acquire(blocking=False):
+        if not flush or due < self._next_flush or not self._lock.acquire(blocking=False):
             return
         self._next_flush = due + USE_FLUSH_SECONDS
         try:
