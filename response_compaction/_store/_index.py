@@ -121,8 +121,13 @@ class Index:
             )
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def transaction(self, *, durable: bool = True) -> Iterator[Transaction]:
         """Hold the write lock; commit on success, roll back on any exception.
+
+        ``durable=False`` commits without syncing the WAL (``synchronous=NORMAL`` for this
+        transaction only): a crash may lose it, never tear it, and the next durable commit of
+        any connection makes it durable too (the WAL is synced as a whole, in order). Only for
+        changes whose loss is harmless (see ``_commit.renew``).
 
         Raises :class:`IndexBusy` (before anything was done) when the lock is not free, and
         :class:`IndexReplacedError` when ``index.sqlite3`` is no longer the file this
@@ -134,6 +139,8 @@ class Index:
         if not self._lock.acquire(timeout=BUSY_MS / 1000):
             raise IndexBusy
         try:
+            if not durable:
+                self._conn.execute("PRAGMA synchronous=NORMAL")
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
@@ -156,7 +163,11 @@ class Index:
                         self._conn.execute("ROLLBACK")
                 raise
         finally:
-            self._lock.release()
+            try:
+                if not durable:
+                    self._conn.execute("PRAGMA synchronous=FULL")
+            finally:
+                self._lock.release()
 
     def _flush_uses(self, tx: Transaction) -> None:
         pending, self._pending = self._pending, {}

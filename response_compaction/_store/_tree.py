@@ -207,9 +207,10 @@ class Dirs:
         self.root = root
 
     def __enter__(self) -> Dirs:
-        self._tree = _acquire(self.root, remake=True, wait=True)
-        assert self._tree is not None  # noqa: S101 - wait=True never gives up
-        self.root_fd = self._tree.root_fd
+        held = _acquire(self.root, remake=True, wait=True)
+        assert held is not None  # noqa: S101 - wait=True never gives up
+        self._tree = held
+        self.root_fd = held.root_fd
         self.tmp = self._tree.tmp
         self._fans: dict[tuple[Kind, str], int] = {}
         return self
