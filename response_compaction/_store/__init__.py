@@ -36,11 +36,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import anyio
-import anyio.lowlevel
-
 from .. import _pool
-from .._canonical import Span
+from .._canonical import Span, decode_exact
 from .._digest import digest_hex, digest_of
 from .._errors import map_errors
 from .._harness import LocalWorkspace
@@ -54,7 +51,7 @@ from ._oneshot import NOT_INLINE, SMALL_BYTES, put_small, read_checked, read_inl
 from ._paths import KINDS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
 from ._stepwise import Stepwise, Stored
 from ._turns import cpu_turn, pace
-from ._verify import EntryReport, check_entry, decoded_value, seal
+from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_value, seal
 
 __all__ = [
     "KINDS",
@@ -78,6 +75,14 @@ async def open_store(fs: Any) -> Store:
     checked once per process and workspace; every later operation still opens each directory
     without following links and checks its owner and mode, inside its own worker-thread call.
     """
+    if type(fs) is LocalWorkspace and fs.clock is None and fs.file_backend is None:
+        # The common case, on every call: one lstat says the key file is the one read.
+        known = _stores.get((os.getpid(), fs.path, current_backend()))
+        if known is not None:
+            store, stamp = known
+            with contextlib.suppress(OSError):
+                if _key_stamp(store.root) == stamp:
+                    return store
     file_backend: FileBackend | None = None
     if isinstance(fs, LocalWorkspace):
         clock, file_backend = fs.clock, fs.file_backend
@@ -87,7 +92,14 @@ async def open_store(fs: Any) -> Store:
     base = os.fspath(fs.workspace_temp_dir())
     with map_errors(f"cannot use the workspace {base!r} for the store"):
         root, key = await _root_and_key(backend, base)
-    return Store(root, clock or time.time, backend, key, fast=file_backend is None)
+    store = Store(root, clock or time.time, backend, key, fast=file_backend is None)
+    if type(fs) is LocalWorkspace and clock is None and file_backend is None:
+        seen = _prepared.get((os.getpid(), base))
+        if seen is not None and seen[1] == key:
+            if len(_stores) >= 64:  # many workspaces: forget them all, they are cheap to open
+                _stores.clear()
+            _stores[(os.getpid(), fs.path, backend)] = (store, seen[2])
+    return store
 
 
 async def _root_and_key(backend: FileBackend, base: str) -> tuple[str, bytes]:
@@ -127,6 +139,9 @@ def _prepare(base: str) -> tuple[str, bytes]:
 # Roots created and checked by this process, by workspace directory, with their key and how
 # the key file looked when it was read (every open compares; a changed file is read again).
 _prepared: dict[tuple[int, str], tuple[str, bytes, tuple[int, ...]]] = {}
+# Stores of plain LocalWorkspaces (default clock and backend), with the key file's stamp when
+# its key was read: a Store holds nothing else, so one per path and backend serves every call.
+_stores: dict[tuple[int, str, FileBackend], tuple[Store, tuple[int, ...]]] = {}
 
 
 class Store(Stepwise):
@@ -217,20 +232,21 @@ class Store(Stepwise):
         """Read, digest-check and validate one entry; a read counts as a use."""
         if not self._fast:
             return await self._get_stepwise(kind, key, schema)
-        await anyio.lowlevel.checkpoint_if_cancelled()
         now = self.clock()
         with map_errors(f"could not read the {kind} entry"):
             got = read_inline(self.root, kind, key, now, self._key)
             if got is NOT_INLINE:
                 got = await self._patiently(read_checked, self.root, kind, key, now, self._key)
             else:
-                await pace()
+                await pace()  # also the cancellation point: the read had no lasting effect
         if got is None:
             return Missing()
         if isinstance(got, str):
             return Broken(detail=got)
         row, data = got
         try:
+            if len(data) < GC_PAUSE_BYTES:  # small: no slices, no turn to take
+                return Found(value=decode_exact(data, schema))
             value = await decoded_value(data, schema, decode_layout(row.layout))
         except ValueError as exc:
             return Broken(detail=f"{kind} entry does not verify: {exc}")

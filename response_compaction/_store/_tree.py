@@ -21,6 +21,7 @@ import collections
 import contextlib
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Iterator
 
@@ -42,12 +43,13 @@ __all__ = ["MAX_IDLE_TREES", "Dirs", "Tree", "close_trees", "tree", "tree_now"]
 #: Trees of roots nobody uses right now kept open (four fds each).
 MAX_IDLE_TREES = 8
 _SUBS = ("tmp", *KINDS)
+_SHARED = stat.S_IWGRP | stat.S_IWOTH
 
 
 class Tree:
     """The fds of one root and its ``tmp``, ``exact`` and ``summary`` directories."""
 
-    __slots__ = ("fds", "ids", "root", "stale", "users")
+    __slots__ = ("_subs", "euid", "fds", "ids", "root", "stale", "users")
 
     def __init__(self, root: str, *, remake: bool) -> None:
         self.root = root
@@ -61,6 +63,8 @@ class Tree:
             prepare_root(os.path.dirname(root))
             self.fds = _open_all(root)
         self.ids = {name: _ident(os.fstat(fd)) for name, fd in self.fds.items()}
+        self.euid = os.geteuid()
+        self._subs = tuple((sub, self.ids[sub], os.path.join(root, sub)) for sub in _SUBS)
 
     @property
     def root_fd(self) -> int:
@@ -75,16 +79,20 @@ class Tree:
 
     def current(self) -> bool:
         """Whether every name still is the directory held; raises if one became shared."""
+        # Run on every operation, on the event loop too: kept to four stats and compares.
+        euid, root_fd = self.euid, self.fds[""]
         try:
             st = os.lstat(self.root)
-            if _ident(st) != self.ids[""]:
+            if (st.st_dev, st.st_ino) != self.ids[""]:
                 return False
-            check_stat(st, self.root)
-            for sub in _SUBS:
-                st = os.stat(sub, dir_fd=self.fds[""], follow_symlinks=False)
-                if _ident(st) != self.ids[sub]:
+            if st.st_uid != euid or st.st_mode & _SHARED:
+                check_stat(st, self.root)
+            for sub, ident, path in self._subs:
+                st = os.stat(sub, dir_fd=root_fd, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) != ident:
                     return False
-                check_stat(st, os.path.join(self.root, sub))
+                if st.st_uid != euid or st.st_mode & _SHARED:
+                    check_stat(st, path)
         except (FileNotFoundError, NotADirectoryError):
             return False
         return True
@@ -188,6 +196,8 @@ def _release(held: Tree) -> None:
         held.users -= 1
         if held.stale and held.users == 0:
             held.close()
+        if len(_trees) <= MAX_IDLE_TREES:
+            return
         idle = [key for key, t in _trees.items() if t.users == 0]
         for key in idle[: max(0, len(idle) - MAX_IDLE_TREES)]:
             _trees.pop(key).close()
