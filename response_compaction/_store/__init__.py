@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import os
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -233,12 +234,16 @@ class Store(Stepwise):
         if not self._fast:
             return await self._get_stepwise(kind, key, schema)
         now = self.clock()
-        with map_errors(f"could not read the {kind} entry"):
+        try:
             got = read_inline(self.root, kind, key, now, self._key)
-            if got is NOT_INLINE:
+        except (OSError, sqlite3.Error):
+            with map_errors(f"could not read the {kind} entry"):  # only built when needed
+                raise
+        if got is NOT_INLINE:
+            with map_errors(f"could not read the {kind} entry"):
                 got = await self._patiently(read_checked, self.root, kind, key, now, self._key)
-            else:
-                await pace()  # also the cancellation point: the read had no lasting effect
+        else:
+            await pace()  # also the cancellation point: the read had no lasting effect
         if got is None:
             return Missing()
         if isinstance(got, str):
