@@ -249,7 +249,7 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
             return None
         if row.size > INLINE_READ_BYTES:
             return NOT_INLINE
-        dirs = tree_now(root)
+        dirs = tree_now(root, kind)
         if dirs is None:
             return NOT_INLINE  # not opened yet, changed, or removed (remaking writes)
         try:

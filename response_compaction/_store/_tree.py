@@ -77,8 +77,11 @@ class Tree:
     def kind_fd(self, kind: Kind) -> int:
         return self.fds[kind]
 
-    def current(self) -> bool:
-        """Whether every name still is the directory held; raises if one became shared."""
+    def current(self, kind: Kind | None = None) -> bool:
+        """Whether every name still is the directory held; raises if one became shared.
+
+        With ``kind`` (a read), the other kind's directory is not looked at.
+        """
         # Run on every operation, on the event loop too: kept to four stats and compares.
         euid, root_fd = self.euid, self.fds[""]
         try:
@@ -88,6 +91,8 @@ class Tree:
             if st.st_uid != euid or st.st_mode & _SHARED:
                 check_stat(st, self.root)
             for sub, ident, path in self._subs:
+                if kind is not None and sub != kind and sub in KINDS:
+                    continue
                 st = os.stat(sub, dir_fd=root_fd, follow_symlinks=False)
                 if (st.st_dev, st.st_ino) != ident:
                     return False
@@ -140,13 +145,14 @@ def tree(root: str, *, remake: bool = True) -> Iterator[Tree]:
         _release(held)
 
 
-def tree_now(root: str) -> Tree | None:
+def tree_now(root: str, kind: Kind) -> Tree | None:
     """For the event loop thread: the checked tree if that needs no wait, mkdir or fsync.
 
-    None means "take a worker thread"; pair a tree with :func:`release_now`.
+    For a read of ``kind``. None means "take a worker thread"; pair a tree with
+    :func:`release_now`.
     """
     try:
-        return _acquire(root, remake=False, wait=False)
+        return _acquire(root, remake=False, wait=False, kind=kind)
     except FileNotFoundError:
         return None
 
@@ -156,7 +162,7 @@ def release_now(held: Tree) -> None:
     _release(held)
 
 
-def _acquire(root: str, *, remake: bool, wait: bool) -> Tree | None:
+def _acquire(root: str, *, remake: bool, wait: bool, kind: Kind | None = None) -> Tree | None:
     key = (os.getpid(), root)
     for _ in range(3):
         if not _lock.acquire(blocking=wait):
@@ -172,7 +178,7 @@ def _acquire(root: str, *, remake: bool, wait: bool) -> Tree | None:
         finally:
             _lock.release()
         try:
-            if held.current():
+            if held.current(kind):
                 return held
         except BaseException:
             _release(held)
