@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import anyio
@@ -129,3 +130,25 @@ async def test_a_store_directory_made_anew_is_written_into_not_the_old_one(
     assert not list((root / "old-exact").glob(f"*/{hex_of(b)}"))
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
     assert await rc.response_compaction_read_exact(harness, ref_of(b), Exact) == rc.Found(value=b)
+
+
+async def test_a_read_on_the_loop_never_commits_its_use_there(harness: rc.Harness) -> None:
+    """Reads served on the event loop thread only note their use: no COMMIT (an fsync) there."""
+    await compact(harness, A)
+    index = _index.acquire(str(store_root(harness.fs)))
+    loop_thread = threading.get_ident()
+    on_loop: list[str] = []
+
+    def trace(statement: str) -> None:
+        if threading.get_ident() == loop_thread:
+            on_loop.append(statement)
+
+    try:
+        index._conn.set_trace_callback(trace)
+        for _ in range(3):  # the first is served inline; a batch then due goes to a thread
+            found = await rc.response_compaction_read_exact(harness, ref_of(A), Exact)
+            assert found == rc.Found(value=A)
+    finally:
+        index._conn.set_trace_callback(None)
+        _index.release(index)
+    assert on_loop == []
