@@ -19,7 +19,8 @@ directories are never removed. A reader that finds the row but not the file (a c
 eviction) reports ``Missing``; any byte that does not hash to the reference (or, for a
 summary, is not sealed to its key) is ``Broken``: the index is a hint, never trusted for data.
 
-Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (the connection
+Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_tree`` (the root's
+directories held open and re-checked per call), ``_index`` (the connection
 registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
 safely), ``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store's digest and
 sealing key), ``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop
@@ -73,8 +74,9 @@ async def open_store(fs: Any) -> Store:
 
     A :class:`LocalWorkspace` may carry a clock and a file backend (tests inject faults
     there); other workspaces get the running event loop's backend. The root is created and
-    checked once per process and workspace; every later operation still opens each directory
-    without following links and checks its owner and mode, inside its own worker-thread call.
+    checked once per process and workspace, its directories held open (``_tree``); every later
+    operation re-checks, one ``stat`` per directory without following links, that each name
+    is still the directory held, ours and private, and opens the root again if not.
     """
     if type(fs) is LocalWorkspace and fs.clock is None and fs.file_backend is None:
         # The common case, on every call: one lstat says the key file is the one read.
