@@ -154,7 +154,7 @@ def _write_new(
             os.fsync(fd)
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
-        back = _read_regular(temp_name, tmp_fd)
+        back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
         check_digest(back, digest[0], len(data), digest[1])
         value = decode_exact(back, schema)
         with map_errors(f"could not publish the {kind} value in the store index"):
