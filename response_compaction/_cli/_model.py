@@ -29,11 +29,11 @@ class DefaultSummary(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     overview: Annotated[
-        str, msgspec.Meta(max_length=400, description="what the document is, in 400 characters")
+        str, msgspec.Meta(max_length=200, description="what the document is, in 200 characters")
     ]
     critical_facts: Annotated[
-        list[Annotated[str, msgspec.Meta(max_length=160)]],
-        msgspec.Meta(max_length=5, description="at most 5 facts, 160 characters each"),
+        list[Annotated[str, msgspec.Meta(max_length=80)]],
+        msgspec.Meta(max_length=3, description="at most 3 facts, 80 characters each"),
     ]
 
 
