@@ -27,6 +27,7 @@ from ._models import Attempt, AttemptOutcome, CompactionOptions, FallbackReason
 from ._profile import Profile, ProfiledValue, decode_canonical, profile_value, render_profile
 from ._prompt import (
     DEFAULT_CONTEXT_TOKENS,
+    MIN_PROMPT_BYTES,
     SummaryRequest,
     head_text,
     prompt_bytes,
@@ -239,6 +240,13 @@ async def _view(run: _Run, budget: int) -> View:
         if len(shown) < source.total:
             shown = shown[: len(shown.decode("utf-8", "ignore").encode())]
         return View(head_text(shown, source.total), len(shown))
+    if budget < run.options.shown_bytes:
+        # The route's context bounds the prompt, not shown_bytes: fill three quarters of it.
+        # Past the profile (exact counts) and a few dozen whole records, more records add
+        # little, while a CPU server's prompt time grows faster than linearly (SmolLM2 on
+        # llama.cpp: 2K tokens 16 s, 4K 39 s, 6K 69 s) and sampled views tokenize worse
+        # than BYTES_PER_TOKEN (1.79 bytes per token measured on a log search).
+        budget = max(MIN_PROMPT_BYTES, budget * 3 // 4)
     return await off_loop(sampled_view, run.pv, source.data, budget, size=len(source.data))
 
 

@@ -101,6 +101,9 @@ class _Field:
     high: float | int | None = None
     values: dict[str, int] | None = field(default_factory=dict)
     examples: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    # The records holding the smallest and largest number: outliers worth showing whole.
+    low_at: _Record = None
+    high_at: _Record = None
 
 
 @dataclass(slots=True)
@@ -113,7 +116,11 @@ class _Arrays:
 
 @dataclass(frozen=True, slots=True)
 class ProfiledValue:
-    """The profile, plus what sampling needs: the records and which of them hold rare values."""
+    """The profile, plus what sampling needs: the records and which of them to spotlight.
+
+    ``rare_records`` lists the records holding rare strings first, then those holding each
+    numeric field's smallest and largest value.
+    """
 
     profile: Profile
     root: Any
@@ -217,8 +224,10 @@ class _Walk:
         info.count += 1
         info.types[kind] = info.types.get(kind, 0) + 1
         if kind in ("integer", "number"):
-            info.low = value if info.low is None else min(info.low, value)
-            info.high = value if info.high is None else max(info.high, value)
+            if info.low is None or value < info.low:
+                info.low, info.low_at = value, record
+            if info.high is None or value > info.high:
+                info.high, info.high_at = value, record
         elif kind == "string" and info.values is not None:
             if len(value) > VALUE_CHARS or (
                 value not in info.values and len(info.values) >= LOW_CARDINALITY
@@ -234,6 +243,7 @@ class _Walk:
     def result(self, root: Any, exact_bytes: int) -> ProfiledValue:
         fields: list[FieldProfile] = []
         rare_records: set[int] = set()
+        extremes: set[int] = set()
         best = self.best[1] if self.best is not None else None
         for path, info in sorted(self.fields.items()):
             strings = info.types.get("string", 0)
@@ -241,6 +251,7 @@ class _Walk:
             rare = _rare(values, strings) if values else ()
             for value in rare:
                 rare_records.update(i for p, i in info.examples.get(value, ()) if p == best)
+            extremes.update(r[1] for r in (info.low_at, info.high_at) if r and r[0] == best)
             fields.append(
                 FieldProfile(
                     path=path,
@@ -276,7 +287,9 @@ class _Walk:
             arrays=arrays,
             fields=tuple(fields),
         )
-        return ProfiledValue(profile, root, records, trail, tuple(sorted(rare_records)))
+        # Rare strings first, then numeric extremes: sampling takes them in this order.
+        spotlit = sorted(rare_records) + sorted(extremes - rare_records)
+        return ProfiledValue(profile, root, records, trail, tuple(spotlit))
 
 
 def _rare(values: dict[str, int], strings: int) -> tuple[str, ...]:

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the prompt wording or layout changes what the model is shown.
-PROMPT_VERSION = 2
+PROMPT_VERSION = 3
 _ENCODER = msgspec.json.Encoder(order="sorted")
 
 _SYSTEM = (

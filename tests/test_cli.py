@@ -19,7 +19,7 @@ import pytest
 import response_compaction as rc
 from response_compaction import sync
 from response_compaction._cli._commands import DEFAULT_FALLBACK, DefaultSummary
-from tests.fake_openai import FakeOpenAI, Hang, Status
+from tests.fake_openai import FakeOpenAI, Hang, Status, summary_reply
 
 REPO = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ("compact", "read", "verify", "prune", "mcp", "demo")
@@ -221,6 +221,53 @@ def test_compact_with_a_model_and_custom_schemas(tmp_path: Path) -> None:
     assert result["receipt"]["ladder"] == "default"
     assert [body["model"] for body in server.bodies()] == ["small-model"]
     assert "count the rows" in server.bodies()[0]["messages"][0]["content"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "bounded", "temperature"),
+    [
+        ((), True, 0.0),
+        (("--schema-dialect", "strict", "--temperature", "0.3"), False, 0.3),
+        (("--schema-dialect", "full", "--temperature", "server"), True, None),
+    ],
+)
+def test_model_flags_reach_the_request(
+    tmp_path: Path, flags: tuple[str, ...], bounded: bool, temperature: float | None
+) -> None:
+    """The default summary's bounds go to a non-OpenAI server ('auto'); --temperature is sent."""
+    with FakeOpenAI(fill_unscripted=True) as server:
+        env = clean_env(OPENAI_BASE_URL=server.base_url, RESPONSE_COMPACTION_MODEL="local")
+        done = cli("compact", "-", "--root", tmp_path, *flags, stdin=big_payload(), env=env)
+        (body,) = server.bodies()
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout)["output"]["kind"] == "summarized"
+    schema = body["response_format"]["json_schema"]["schema"]["properties"]
+    assert ("maxLength" in schema["overview"]) is bounded
+    assert ("maxItems" in schema["critical_facts"]) is bounded
+    assert "3 facts" in schema["critical_facts"]["description"]  # said either way
+    assert body.get("temperature") == temperature
+
+
+def test_ground_flag_rejects_an_invented_identifier(tmp_path: Path) -> None:
+    """--ground FIELD: a summary naming an id the document lacks is 'ungrounded', next rung."""
+    invented = {"overview": "see ticket INC-99999", "critical_facts": []}
+    honest = {"overview": "rows of names", "critical_facts": []}
+    with FakeOpenAI() as server:
+        server.script("first", summary_reply(invented))
+        server.script("second", summary_reply(honest))
+        env = clean_env(OPENAI_BASE_URL=server.base_url)
+        args = ("--model", "first", "--model", "second", "--ground", "overview")
+        done = cli("compact", "-", "--root", tmp_path, *args, stdin=big_payload(), env=env)
+    assert done.returncode == 0, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["output"]["value"] == honest
+    outcomes = [a["outcome"] for a in result["receipt"]["attempts"]]
+    assert outcomes == ["ungrounded", "ok"]
+    assert "rung first ungrounded" in done.stderr.decode()
+
+
+def big_payload() -> bytes:
+    return json.dumps(big_document()).encode()
 
 
 def test_failed_rungs_and_the_fallback_are_one_stderr_line_each(tmp_path: Path) -> None:

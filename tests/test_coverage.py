@@ -178,6 +178,23 @@ async def test_sampled_prompt_has_profile_tail_and_rare_records_whole(
     assert len(prompt.encode()) < 8192 * 3.2  # fits the default 8K context
 
 
+async def test_sampled_prompt_shows_the_records_holding_numeric_extremes(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """A latency far above the rest, mid-array, is in the profile's max and shown whole."""
+    value = search(20_000)
+    outlier = msgspec.structs.replace(value.hits[12_345], latency_ms=98_765.0)
+    value.hits[12_345] = outlier
+    server.script("m", summary_reply(GOOD))
+    async with harness_for(workspace, server, ["m"]) as harness:
+        compacted = await compact(harness, value)
+    assert compacted.output.kind == "summarized"
+    prompt = user_prompt(server.bodies("m")[0])
+    assert "98765" in prompt[: prompt.index("RECORDS (")]  # the profile's max
+    lines = record_lines(prompt)
+    assert lines[12_345] == msgspec.to_builtins(outlier)
+
+
 async def test_full_coverage_puts_every_record_of_5mb_in_some_prompt(
     workspace: rc.LocalWorkspace, server: FakeOpenAI
 ) -> None:

@@ -8,9 +8,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import anyio
 import msgspec
@@ -23,9 +22,7 @@ from .._part import Part
 from .._pydantic import plain_hook
 from .._read import response_compaction_read_part
 from .._store import open_store
-
-if TYPE_CHECKING:
-    from .._openai import OpenAICatalog  # imported when a model is configured: it loads openai
+from ._model import DEFAULT_FALLBACK, DefaultSummary, ModelConfig
 
 __all__ = (
     "COMMANDS",
@@ -54,19 +51,6 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-class DefaultSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """The summary schema ``compact`` asks for unless ``--summary-schema`` names another."""
-
-    overview: str
-    critical_facts: list[str]
-
-
-DEFAULT_FALLBACK = DefaultSummary(
-    overview="The exact response was retained but not summarized; read it back by exact_ref.",
-    critical_facts=[],
-)
-
-
 def default_root() -> str:
     """Where the CLI keeps its store unless ``--root`` says otherwise.
 
@@ -78,61 +62,6 @@ def default_root() -> str:
         return explicit
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "response-compaction")
-
-
-# ----------------------------------------------------------------------------- the model
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    """Which model the environment configures, or why there is none."""
-
-    routes: tuple[str, ...]
-    base_url: str | None
-    api_key: str | None
-    ladder: str
-    why_not: str | None
-
-    @classmethod
-    def from_env(
-        cls, models: Sequence[str] | None, base_url: str | None, ladder: str
-    ) -> ModelConfig:
-        """``--model``/``RESPONSE_COMPACTION_MODEL``, ``--base-url``/``OPENAI_BASE_URL``, key."""
-        env_models = os.environ.get("RESPONSE_COMPACTION_MODEL", "")
-        routes = tuple(models or [m.strip() for m in env_models.split(",") if m.strip()])
-        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        api_key = os.environ.get("OPENAI_API_KEY") or None
-        why_not = None
-        if not routes:
-            why_not = "no model named: set RESPONSE_COMPACTION_MODEL or pass --model"
-        elif not (api_key or base_url):
-            why_not = "no endpoint: set OPENAI_API_KEY and/or OPENAI_BASE_URL (or --base-url)"
-        return cls(routes, base_url, api_key, ladder, why_not)
-
-    def describe(self) -> str:
-        """One line for a human."""
-        if self.why_not:
-            return f"none; {self.why_not}"
-        return f"{', '.join(self.routes)} at {self.base_url or 'https://api.openai.com/v1'}"
-
-    @contextlib.asynccontextmanager
-    async def catalog(
-        self, context_tokens: int | None = None
-    ) -> AsyncIterator[OpenAICatalog | None]:
-        """An ``OpenAICatalog`` on a client made (and closed) in this event loop, or None."""
-        if self.why_not:
-            yield None
-            return
-        # The one place outside _openai.py that touches the SDK: the CLI owns its client.
-        import openai
-
-        from .._openai import OpenAICatalog
-
-        # Local OpenAI-compatible servers ignore the key, but the SDK insists on one.
-        async with openai.AsyncOpenAI(
-            api_key=self.api_key or "unused", base_url=self.base_url
-        ) as client:
-            yield OpenAICatalog(client, {self.ladder: self.routes}, context_tokens=context_tokens)
 
 
 def _emit(value: Any) -> None:
@@ -184,7 +113,7 @@ def _progress(label: str, show: bool) -> Iterator[None]:
 async def _compact(args: argparse.Namespace) -> int:
     data: bytes = args.data
     options = _options(args, args.fallback)
-    model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
+    model = ModelConfig.from_args(args, args.ladder)
     show = len(data) >= PROGRESS_BYTES and sys.stderr.isatty()
     async with model.catalog(args.context_tokens) as llm:
         with _progress(f"compacting {len(data) / 1e6:.1f} MB", show):
@@ -215,6 +144,8 @@ def _options(args: argparse.Namespace, fallback: Any) -> dict[str, Any]:
     ):
         if getattr(args, attr) is not None:
             options[key] = getattr(args, attr)
+    if args.ground:
+        options["grounded"] = tuple(args.ground)
     return options
 
 
@@ -322,7 +253,7 @@ async def _proxy(args: argparse.Namespace) -> int:
 
     if not args.upstream:
         raise ValueError("proxy needs the upstream server's command after --: proxy -- CMD")
-    model = ModelConfig.from_env(args.model, args.base_url, args.ladder)
+    model = ModelConfig.from_args(args, args.ladder)
     async with model.catalog(args.context_tokens) as llm:
         config = ProxyConfig(
             harness=_harness(args, llm),
@@ -338,7 +269,7 @@ async def _proxy(args: argparse.Namespace) -> int:
 async def _demo(args: argparse.Namespace) -> int:
     from ._demo import run  # imported here: only the demo needs the generator and its timers
 
-    model = ModelConfig.from_env(args.model, args.base_url, "demo")
+    model = ModelConfig.from_args(args, "demo")
     async with model.catalog() as llm:
         return await run(args, llm, model.describe())
 

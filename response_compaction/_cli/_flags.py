@@ -80,3 +80,11 @@ def _add_coverage_options(compact: argparse.ArgumentParser) -> None:
         type=positive,
         help=f"most model calls for --coverage full (default: {DEFAULTS['max_model_calls']})",
     )
+    compact.add_argument(
+        "--ground",
+        metavar="FIELD",
+        action="append",
+        help="a top-level summary field whose identifiers (ids, codes, URLs, quoted names) "
+        "must occur in the document or its profile, else the rung is 'ungrounded' and the "
+        "ladder moves on; repeat for more fields (default: none)",
+    )

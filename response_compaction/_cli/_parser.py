@@ -113,7 +113,36 @@ def _model_options() -> _Parser:
         metavar="URL",
         help="OpenAI-compatible API base URL (default: $OPENAI_BASE_URL, else OpenAI's)",
     )
+    model.add_argument(
+        "--temperature",
+        metavar="T",
+        type=_temperature,
+        default=0.0,
+        help="sampling temperature sent with every call, 0 to 2, or 'server' to leave it to "
+        "the server (default: %(default)s: the same prompt gives the same summary)",
+    )
+    model.add_argument(
+        "--schema-dialect",
+        choices=("auto", "strict", "full"),
+        default="auto",
+        help="'strict' sends only what OpenAI's strict mode takes; 'full' also sends the "
+        "summary schema's bounds (maxLength, maxItems, pattern...), which llama.cpp and vLLM "
+        "enforce while generating; 'auto' is 'full' for a --base-url other than OpenAI's "
+        "(default: %(default)s)",
+    )
     return model
+
+
+def _temperature(text: str) -> float | None:
+    if text == "server":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 2.0:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2: {value}")
+    return value
 
 
 def _add_compact(sub: _Sub, parents: list[_Parser]) -> None:
