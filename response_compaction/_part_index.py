@@ -1,8 +1,11 @@
 """Where the items of a large array lie, so a part of it is found without scanning it all.
 
-When the writer streamed a long array in slices it recorded each slice's byte range (a
-:class:`Span`). That record lives in the index, outside the digest, so it is only ever a
-hint: it is used after these checks against the bytes, and ignored when any fails.
+When the writer streamed a long array in slices it recorded each slice's byte range and item
+count (a :class:`Span`). That record lives in the index, outside the digest: unsealed, it is
+only a hint, used after these checks against the bytes and ignored when any fails. Sealed
+with the store's key (see below), its slices and counts are the writer's own, and only the
+cheap checks are kept: the tiling, the field's placement, and each slice that is decoded to
+show an item holding the items counted.
 
 - The array's position: the top-level array spans the whole document; a field's array is
   replaced by a placeholder found nowhere else and the outer object is decoded: the field's
@@ -15,9 +18,10 @@ hint: it is used after these checks against the bytes, and ignored when any fail
 
 Which item a slice starts with needs the items of every slice before it counted. A span that
 carries ``counts`` (only the store's :func:`~._slices.open_layout` leaves them, when the store's
-key sealed them to this entry, or the writer's own in-memory layout) gives them at once: the
-writer encoded exactly those items, and nothing is shown unless the bytes verify. A slice
-decoded to show an item is checked against its count all the same (it costs nothing more).
+key sealed them to this entry, or the writer's own in-memory layout) gives them at once, with
+no slice decoded: the writer encoded exactly those items, and nothing is shown unless the
+bytes verify. A slice decoded to show an item is checked against its count all the same (it
+costs nothing more; a mismatch is :class:`LayoutMismatchError`, a row forged with the key).
 Without counts each slice is decoded as ``list[Raw]`` (about a millisecond a megabyte), with the
 caller's checkpoint in between, so the event loop never waits on a long scan; those counts are
 a pure function of the bytes and the span, so they are remembered per digest.
