@@ -28,7 +28,7 @@ from .workloads import Summary, Workload, build
 __all__ = ["HASH", "read_parts", "verdict"]
 
 HASH = "floor: read entry file + HMAC-SHA256"
-FIRST = "read_part start window, first call (counts unknown)"
+FIRST = "read_part start window, first call (fresh counts cache)"
 LIMIT_S = 0.020
 LIMIT_MS = 20.0
 _Read = tuple[str, dict[str, Any], Callable[[rc.Part], bool]]
@@ -116,8 +116,9 @@ async def _async_parts(
 
         return go
 
-    # The first read learns the array's item counts (remembered per digest): timed alone, with
-    # the heartbeat beside it, since an agent's first read of an entry is this one.
+    # The first read of an entry in a process has no remembered item counts: it takes them
+    # from the sealed layout (or counts them, for an unsealed one). Timed alone, with the
+    # heartbeat beside it, since an agent's first read of an entry is this one.
     settle()
     _, freeze = await with_heartbeat(step(*reads[0][1:]))
     suite.add(Result(section, FIRST, backend, [freeze.op_seconds], floor=HASH, freeze=freeze))
