@@ -58,13 +58,19 @@ class Span(msgspec.Struct, frozen=True, array_like=True):
 
     ``field`` is the encoded field name in a top-level struct, or None when the array is the
     top-level value; ``start``/``end`` bound its brackets; ``slices`` are the ``[a, b)`` byte
-    ranges of each slice's elements (consecutive slices are separated by one comma).
+    ranges of each slice's elements (consecutive slices are separated by one comma);
+    ``counts`` the number of items the writer put in each slice. ``seal`` is set by the store
+    (HMAC under its key, see ``_slices.seal_layout``): only a sealed span's counts are ever
+    believed. Both have defaults, so layouts written before them still decode, and a reader
+    that does not know them ignores them (array-like structs drop trailing elements).
     """
 
     field: str | None
     start: int
     end: int
     slices: tuple[tuple[int, int], ...]
+    counts: tuple[int, ...] = ()
+    seal: str = ""
 
 
 def to_exact_value(response: Any, schema: Any) -> Any:
@@ -224,6 +230,7 @@ class _Stream:
         opened = self.pos
         yield self.emit(b"[")
         slices: list[tuple[int, int]] = []
+        counts: list[int] = []
         start, step, count = 0, _FIRST_SLICE, len(seq)
         while start < count:
             if start:
@@ -239,11 +246,12 @@ class _Stream:
             began = self.pos
             yield self.emit(memoryview(body)[1:-1])
             slices.append((began, self.pos))
+            counts.append(len(chunk))
             start += len(chunk)
             step = _next_step(step, len(body), self.piece_bytes)
         yield self.emit(b"]")
         if record and self.spans is not None:
-            self.spans.append(Span(field, opened, self.pos, tuple(slices)))
+            self.spans.append(Span(field, opened, self.pos, tuple(slices), tuple(counts)))
 
     def mapping(self, mapping: dict[str, Any]) -> Iterator[bytes | memoryview]:
         # msgspec sorts str keys by code point, which is what sorted() does, so sorted slices

@@ -1,8 +1,11 @@
 """Where the items of a large array lie, so a part of it is found without scanning it all.
 
-When the writer streamed a long array in slices it recorded each slice's byte range (a
-:class:`Span`). That record lives in the index, outside the digest, so it is only ever a
-hint: it is used after these checks against the bytes, and ignored when any fails.
+When the writer streamed a long array in slices it recorded each slice's byte range and item
+count (a :class:`Span`). That record lives in the index, outside the digest: unsealed, it is
+only a hint, used after these checks against the bytes and ignored when any fails. Sealed
+with the store's key (see below), its slices and counts are the writer's own, and only the
+cheap checks are kept: the tiling, the field's placement, and each slice that is decoded to
+show an item holding the items counted.
 
 - The array's position: the top-level array spans the whole document; a field's array is
   replaced by a placeholder found nowhere else and the outer object is decoded: the field's
@@ -13,15 +16,22 @@ hint: it is used after these checks against the bytes, and ignored when any fail
   item, so a slice that decodes on its own holds whole items (a cut inside a string or a
   nested value leaves it unbalanced; a cut inside a number is impossible next to a comma).
 
-Each slice is about a megabyte, decoded as ``list[Raw]`` (about a millisecond), with the
-caller's checkpoint in between, so the event loop never waits on a long scan. Item counts per
-slice are a pure function of the bytes and the span, so they are remembered per digest.
+Which item a slice starts with needs the items of every slice before it counted. A span that
+carries ``counts`` (only the store's :func:`~._slices.open_layout` leaves them, when the store's
+key sealed them to this entry, or the writer's own in-memory layout) gives them at once, with
+no slice decoded: the writer encoded exactly those items, and nothing is shown unless the
+bytes verify. A slice decoded to show an item is checked against its count all the same (it
+costs nothing more; a mismatch is :class:`LayoutMismatchError`, a row forged with the key).
+Without counts each slice is decoded as ``list[Raw]`` (about a millisecond a megabyte), with the
+caller's checkpoint in between, so the event loop never waits on a long scan; those counts are
+a pure function of the bytes and the span, so they are remembered per digest.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,14 +43,27 @@ from msgspec import Raw
 from ._canonical import Span
 from ._slices import _tiles
 
-__all__ = ["BigArray", "Node", "RootObject", "index_document", "remember"]
+__all__ = [
+    "BigArray",
+    "LayoutMismatchError",
+    "Node",
+    "RootObject",
+    "forget_counts",
+    "index_document",
+    "remember",
+]
 
 _LIST = msgspec.json.Decoder(list[Raw])
 _DICT = msgspec.json.Decoder(dict[str, Raw])
 _PLACEHOLDER = 7_355_608_000_000_000_000  # an int64 no canonical writer puts next to "["
-_COUNTS: collections.OrderedDict[tuple[str, Span], tuple[int, ...]] = collections.OrderedDict()
+_Where = tuple[str, str | None, int, int, tuple[tuple[int, int], ...]]
+_COUNTS: collections.OrderedDict[_Where, tuple[int, ...]] = collections.OrderedDict()
 _COUNTS_LOCK = threading.Lock()
 _COUNTS_KEPT = 64
+
+
+class LayoutMismatchError(msgspec.DecodeError):
+    """A slice does not hold the number of items its layout says (a forged sealed layout)."""
 
 
 @dataclass(slots=True)
@@ -73,10 +96,14 @@ class BigArray:
     def item(self, index: int) -> Raw:
         """Item ``index``, decoding only the slice that holds it."""
         k = bisect.bisect_right(self.ends, index)
+        before = self.ends[k - 1] if k else 0
         if self._cached[0] != k:
             a, b = self.slices[k]
-            self._cached = (k, _LIST.decode(b"".join((b"[", self.view[a:b], b"]"))))
-        return self._cached[1][index - (self.ends[k - 1] if k else 0)]
+            items = _LIST.decode(b"".join((b"[", self.view[a:b], b"]")))
+            if len(items) != self.ends[k] - before:
+                raise LayoutMismatchError("a slice does not hold the items its layout says")
+            self._cached = (k, items)
+        return self._cached[1][index - before]
 
 
 class _Items(Sequence[Raw]):
@@ -114,8 +141,9 @@ async def index_document(
 ) -> Node:
     """The document as a node whose large arrays can be read in slices, or ``data`` itself.
 
-    ``data`` may still be unverified: nothing learned from it is remembered until
-    :func:`remember` is called for its digest.
+    A span's ``counts``, when it has them, are believed: pass only spans the store opened
+    (sealed counts) or the writer's own. ``data`` may still be unverified: nothing learned
+    from it is remembered until :func:`remember` is called for its digest.
     """
     if not spans:
         return data
@@ -138,8 +166,12 @@ async def index_document(
 async def _item_ends(
     view: memoryview, span: Span, hex_digest: str, checkpoint: Callable[[], Awaitable[None]]
 ) -> tuple[int, ...] | None:
+    if span.counts:
+        if len(span.counts) != len(span.slices):
+            return None
+        return tuple(itertools.accumulate(span.counts))
     with _COUNTS_LOCK:
-        known = _COUNTS.get((hex_digest, span))
+        known = _COUNTS.get(_where(hex_digest, span))
     if known is not None:
         return known
     ends: list[int] = []
@@ -161,11 +193,21 @@ def remember(hex_digest: str, node: Node) -> None:
         arrays = [m for m in node.members.values() if isinstance(m, BigArray)]
     with _COUNTS_LOCK:
         for array in arrays:
-            key = (hex_digest, _span_of(array, node))
+            key = _where(hex_digest, _span_of(array, node))
             _COUNTS[key] = array.ends
             _COUNTS.move_to_end(key)
         while len(_COUNTS) > _COUNTS_KEPT:
             _COUNTS.popitem(last=False)
+
+
+def forget_counts() -> None:
+    """Forget every remembered count, as a fresh process starts (a seam for tests)."""
+    with _COUNTS_LOCK:
+        _COUNTS.clear()
+
+
+def _where(hex_digest: str, span: Span) -> _Where:
+    return (hex_digest, span.field, span.start, span.end, span.slices)
 
 
 def _span_of(array: BigArray, node: Node) -> Span:

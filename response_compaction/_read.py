@@ -14,7 +14,7 @@ import msgspec
 from ._canonical import Span
 from ._models import Broken, Found, Missing
 from ._part import Part, check_request, parse_pointer, part_of
-from ._part_index import Node, index_document, remember
+from ._part_index import LayoutMismatchError, Node, index_document, remember
 from ._refs import MalformedRefError, parse_exact_ref
 from ._store import open_store
 from ._store._fileio import current_backend
@@ -75,6 +75,9 @@ async def response_compaction_read_part(
             work,
             whole=_whole_part(pointer, start, stop, max_bytes),
         )
+    except LayoutMismatchError:
+        # Only a holder of the store's key can seal a layout: the row was forged with it.
+        return Broken(detail="exact entry's sealed layout does not match its verified bytes")
     except msgspec.DecodeError as exc:
         return Broken(detail=f"exact entry does not verify: not JSON ({exc})")
     if isinstance(result, Missing | Broken):

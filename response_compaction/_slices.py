@@ -19,11 +19,18 @@ checked too: the document with each cut array replaced by a numbered marker is d
 naming the wrong field, or pointing at a nested array, fails this). Slice boundaries need no
 such check: a cut anywhere but between two elements of that array leaves a slice with an open
 string or bracket, which does not decode.
+
+The writer also records how many items each slice holds. A count cannot be checked without
+decoding the slice, so counts are believed only from a *sealed* layout: the store signs each
+span with its key, bound to the entry (:func:`seal_layout`), and :func:`open_layout` keeps
+the counts of the spans whose seal verifies. :func:`decode_layout` (the cutting hint) never
+keeps them.
 """
 
 from __future__ import annotations
 
 import functools
+import hmac
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +40,18 @@ import msgspec.inspect as mi
 
 from ._canonical import Span, decode_exact
 
-__all__ = ["Span", "decode_layout", "decode_sliced", "encode_layout"]
+__all__ = [
+    "Sign",
+    "Span",
+    "decode_layout",
+    "decode_sliced",
+    "encode_layout",
+    "open_layout",
+    "seal_layout",
+]
+
+#: The store's keyed signature of a message bound to one entry, as hex.
+Sign = Callable[[bytes], str]
 
 
 _LAYOUT_ENCODER = msgspec.json.Encoder()
@@ -49,13 +67,47 @@ def encode_layout(spans: Sequence[Span]) -> bytes:
 
 
 def decode_layout(data: bytes | None) -> tuple[Span, ...]:
-    """The stored layout; an unreadable one is no layout (decode whole)."""
+    """The stored layout as a cutting hint (no counts); an unreadable one is no layout."""
+    return tuple(_hint(span) for span in _decoded(data))
+
+
+def seal_layout(spans: Sequence[Span], sign: Sign) -> bytes:
+    """The layout as stored beside an entry, each span sealed by ``sign``."""
+    return encode_layout([msgspec.structs.replace(s, seal=sign(_signed(s))) for s in spans])
+
+
+def open_layout(data: bytes | None, sign: Sign) -> tuple[Span, ...]:
+    """The stored layout, with item counts kept only where the span's seal verifies.
+
+    An unsealed span (an older writer's), a wrong seal, or counts that cannot describe the
+    slices leave a hint without counts: the reader counts the items itself.
+    """
+    opened = []
+    for span in _decoded(data):
+        plausible = len(span.counts) == len(span.slices) and all(n > 0 for n in span.counts)
+        if span.seal and plausible and hmac.compare_digest(sign(_signed(span)), span.seal):
+            opened.append(msgspec.structs.replace(span, seal=""))
+        else:
+            opened.append(_hint(span))
+    return tuple(opened)
+
+
+def _decoded(data: bytes | None) -> tuple[Span, ...]:
     if not data:
         return ()
     try:
         return _LAYOUT_DECODER.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return ()
+
+
+def _hint(span: Span) -> Span:
+    return Span(span.field, span.start, span.end, span.slices)
+
+
+def _signed(span: Span) -> bytes:
+    """What a span's seal covers: every field but the seal."""
+    return _LAYOUT_ENCODER.encode((span.field, span.start, span.end, span.slices, span.counts))
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,10 +45,12 @@ def readme_model_example(timeout_ms: int) -> str:
 def log_search(size: int) -> dict[str, object]:
     """A log search result of about ``size`` bytes, with a few ERROR and one FATAL record."""
     hits: list[dict[str, object]] = []
-    i = 0
-    while len(json.dumps(hits)) < size:
+    i, total = 0, 2
+    while total < size:  # the length of json.dumps(hits), kept as it grows
         level = "FATAL" if i == 1234 else "ERROR" if i % 37 == 0 else "INFO"
-        hits.append({"id": i, "level": level, "service": f"svc-{i % 5}", "msg": f"request {i} ok"})
+        hit = {"id": i, "level": level, "service": f"svc-{i % 5}", "msg": f"request {i} ok"}
+        hits.append(hit)
+        total += len(json.dumps(hit)) + (2 if i else 0)
         i += 1
     return {"took_ms": 42, "total": len(hits), "hits": hits}
 

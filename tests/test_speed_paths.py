@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import anyio
@@ -95,3 +96,59 @@ async def test_a_removed_root_is_made_again(harness: rc.Harness) -> None:
     again = await compact(harness, A)  # a new store: a new key, so a new reference
     ref = again.receipt.exact_ref
     assert await rc.response_compaction_read_exact(harness, ref, Exact) == rc.Found(value=A)
+
+
+async def test_a_renewal_is_not_synced_and_later_commits_are(harness: rc.Harness) -> None:
+    """A reused entry's renewal commits with synchronous=NORMAL; the connection is FULL again."""
+    await compact(harness, A)
+    index = _index.acquire(str(store_root(harness.fs)))
+    statements: list[str] = []
+    try:
+        index._conn.set_trace_callback(statements.append)
+        again = await compact(harness, A)
+        index._conn.set_trace_callback(None)
+        assert again.receipt.exact_cache == "reused"
+        normal = statements.index("PRAGMA synchronous=NORMAL")
+        assert statements.index("COMMIT", normal) < statements.index("PRAGMA synchronous=FULL")
+        assert index._conn.execute("PRAGMA synchronous").fetchone() == (2,)
+    finally:
+        index._conn.set_trace_callback(None)
+        _index.release(index)
+
+
+async def test_a_store_directory_made_anew_is_written_into_not_the_old_one(
+    harness: rc.Harness,
+) -> None:
+    """exact/ moved aside and made again: the next value lands in the new one (fds re-opened)."""
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    (root / "exact").rename(root / "old-exact")
+    (root / "exact").mkdir(mode=0o700)
+    b = Exact(rows=[Row(id=2, name="beta")], total=1)
+    await compact(harness, b)
+    assert entry_path(root, hex_of(b)).is_file()
+    assert not list((root / "old-exact").glob(f"*/{hex_of(b)}"))
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
+    assert await rc.response_compaction_read_exact(harness, ref_of(b), Exact) == rc.Found(value=b)
+
+
+async def test_a_read_on_the_loop_never_commits_its_use_there(harness: rc.Harness) -> None:
+    """Reads served on the event loop thread only note their use: no COMMIT (an fsync) there."""
+    await compact(harness, A)
+    index = _index.acquire(str(store_root(harness.fs)))
+    loop_thread = threading.get_ident()
+    on_loop: list[str] = []
+
+    def trace(statement: str) -> None:
+        if threading.get_ident() == loop_thread:
+            on_loop.append(statement)
+
+    try:
+        index._conn.set_trace_callback(trace)
+        for _ in range(3):  # the first is served inline; a batch then due goes to a thread
+            found = await rc.response_compaction_read_exact(harness, ref_of(A), Exact)
+            assert found == rc.Found(value=A)
+    finally:
+        index._conn.set_trace_callback(None)
+        _index.release(index)
+    assert on_loop == []

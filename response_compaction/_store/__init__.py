@@ -19,7 +19,8 @@ directories are never removed. A reader that finds the row but not the file (a c
 eviction) reports ``Missing``; any byte that does not hash to the reference (or, for a
 summary, is not sealed to its key) is ``Broken``: the index is a hint, never trusted for data.
 
-Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_index`` (the connection
+Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_tree`` (the root's
+directories held open and re-checked per call), ``_index`` (the connection
 registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
 safely), ``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store's digest and
 sealing key), ``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop
@@ -32,20 +33,18 @@ import contextlib
 import itertools
 import os
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import anyio
-import anyio.lowlevel
-
 from .. import _pool
-from .._canonical import Span
+from .._canonical import Span, decode_exact
 from .._digest import digest_hex, digest_of
 from .._errors import map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
-from .._slices import decode_layout, encode_layout
+from .._slices import decode_layout
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
 from ._index import Row
@@ -54,7 +53,7 @@ from ._oneshot import NOT_INLINE, SMALL_BYTES, put_small, read_checked, read_inl
 from ._paths import KINDS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
 from ._stepwise import Stepwise, Stored
 from ._turns import cpu_turn, pace
-from ._verify import EntryReport, check_entry, decoded_value, seal
+from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_value, seal, sealed_layout
 
 __all__ = [
     "KINDS",
@@ -75,9 +74,18 @@ async def open_store(fs: Any) -> Store:
 
     A :class:`LocalWorkspace` may carry a clock and a file backend (tests inject faults
     there); other workspaces get the running event loop's backend. The root is created and
-    checked once per process and workspace; every later operation still opens each directory
-    without following links and checks its owner and mode, inside its own worker-thread call.
+    checked once per process and workspace, its directories held open (``_tree``); every later
+    operation re-checks, one ``stat`` per directory without following links, that each name
+    is still the directory held, ours and private, and opens the root again if not.
     """
+    if type(fs) is LocalWorkspace and fs.clock is None and fs.file_backend is None:
+        # The common case, on every call: one lstat says the key file is the one read.
+        known = _stores.get((os.getpid(), fs.path, current_backend()))
+        if known is not None:
+            store, stamp = known
+            with contextlib.suppress(OSError):
+                if _key_stamp(store.root) == stamp:
+                    return store
     file_backend: FileBackend | None = None
     if isinstance(fs, LocalWorkspace):
         clock, file_backend = fs.clock, fs.file_backend
@@ -87,7 +95,14 @@ async def open_store(fs: Any) -> Store:
     base = os.fspath(fs.workspace_temp_dir())
     with map_errors(f"cannot use the workspace {base!r} for the store"):
         root, key = await _root_and_key(backend, base)
-    return Store(root, clock or time.time, backend, key, fast=file_backend is None)
+    store = Store(root, clock or time.time, backend, key, fast=file_backend is None)
+    if type(fs) is LocalWorkspace and clock is None and file_backend is None:
+        seen = _prepared.get((os.getpid(), base))
+        if seen is not None and seen[1] == key:
+            if len(_stores) >= 64:  # many workspaces: forget them all, they are cheap to open
+                _stores.clear()
+            _stores[(os.getpid(), fs.path, backend)] = (store, seen[2])
+    return store
 
 
 async def _root_and_key(backend: FileBackend, base: str) -> tuple[str, bytes]:
@@ -127,6 +142,9 @@ def _prepare(base: str) -> tuple[str, bytes]:
 # Roots created and checked by this process, by workspace directory, with their key and how
 # the key file looked when it was read (every open compares; a changed file is read again).
 _prepared: dict[tuple[int, str], tuple[str, bytes, tuple[int, ...]]] = {}
+# Stores of plain LocalWorkspaces (default clock and backend), with the key file's stamp when
+# its key was read: a Store holds nothing else, so one per path and backend serves every call.
+_stores: dict[tuple[int, str, FileBackend], tuple[Store, tuple[int, ...]]] = {}
 
 
 class Store(Stepwise):
@@ -198,12 +216,9 @@ class Store(Stepwise):
         hex_digest = digest_hex(self._key, data)
         key = key or hex_digest
         now = self.clock()
-        row = Row(
-            seal(self._key, kind, key, hex_digest),
-            len(data),
-            now + ttl_seconds,
-            encode_layout(layout) if layout else None,
-        )
+        recorded = seal(self._key, kind, key, hex_digest)
+        sealed = sealed_layout(self._key, kind, key, recorded, layout)
+        row = Row(recorded, len(data), now + ttl_seconds, sealed)
         temp_name = f"{secrets.token_hex(12)}.tmp"
         with map_errors(f"could not retain the {kind} value"):
             done = await self._patiently(
@@ -217,20 +232,25 @@ class Store(Stepwise):
         """Read, digest-check and validate one entry; a read counts as a use."""
         if not self._fast:
             return await self._get_stepwise(kind, key, schema)
-        await anyio.lowlevel.checkpoint_if_cancelled()
         now = self.clock()
-        with map_errors(f"could not read the {kind} entry"):
+        try:
             got = read_inline(self.root, kind, key, now, self._key)
-            if got is NOT_INLINE:
+        except (OSError, sqlite3.Error):
+            with map_errors(f"could not read the {kind} entry"):  # only built when needed
+                raise
+        if got is NOT_INLINE:
+            with map_errors(f"could not read the {kind} entry"):
                 got = await self._patiently(read_checked, self.root, kind, key, now, self._key)
-            else:
-                await pace()
+        else:
+            await pace()  # also the cancellation point: the read had no lasting effect
         if got is None:
             return Missing()
         if isinstance(got, str):
             return Broken(detail=got)
         row, data = got
         try:
+            if len(data) < GC_PAUSE_BYTES:  # small: no slices, no turn to take
+                return Found(value=decode_exact(data, schema))
             value = await decoded_value(data, schema, decode_layout(row.layout))
         except ValueError as exc:
             return Broken(detail=f"{kind} entry does not verify: {exc}")

@@ -55,13 +55,25 @@ DELETABLE_SQL = """(typeof(expires_at) IN ('integer', 'real') AND expires_at <= 
         WHERE writer != :me AND typeof(seen) IN ('integer', 'real'))))"""
 
 
+# Writers of this process that trimmed the table after recording themselves (see below).
+_trimmed: set[str] = set()
+
+
 def record_clock(conn: sqlite3.Connection, me: str, now: float) -> None:
-    """Record ``now`` as seen by writer ``me`` (never lowering it); keep the highest few."""
+    """Record ``now`` as seen by writer ``me`` (never lowering it); keep the highest few.
+
+    Only a writer's first record in a process can add a row, so only it trims (a statement
+    less per write): a writer trimmed away by others and back adds one row until the next
+    new writer trims, so the table stays near ``MAX_CLOCKS`` rows.
+    """
     conn.execute(
         "INSERT INTO clocks VALUES (?, ?) ON CONFLICT (writer)"
         " DO UPDATE SET seen = max(seen, excluded.seen)",
         (me, now),
     )
+    if me in _trimmed:
+        return
+    _trimmed.add(me)  # before the DELETE: a rolled-back trim is redone by the next new writer
     conn.execute(
         "DELETE FROM clocks WHERE writer NOT IN"
         " (SELECT writer FROM clocks ORDER BY seen DESC LIMIT ?)",

@@ -10,7 +10,8 @@ import os
 from typing import NamedTuple
 
 from ._index import Index, Row, Transaction
-from ._paths import KINDS, Dirs, Kind
+from ._paths import KINDS, Kind
+from ._tree import Dirs
 
 __all__ = ["Publication", "prune_all", "publish", "publish_all", "remove_entry", "renew"]
 
@@ -79,8 +80,16 @@ def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries:
 
     False (nothing changed) when the row no longer holds that digest or expired meanwhile:
     another process evicted or replaced it after we read it, and the caller writes afresh.
+
+    Not synced (``durable=False``): the bytes were fsynced, renamed, fsynced in their
+    directory and recorded by a durable commit when they were stored, and a WAL commit that
+    was visible to our lookup was already synced. A crash can only lose this transaction as a
+    whole: the later expiry and the use (the entry keeps the expiry it had before this call,
+    still verified on every read: a shorter TTL, never a wrong or torn value), and any
+    eviction it made (a row whose file is gone reads Missing, as after a crash between unlink
+    and commit before). The next durable commit makes it durable.
     """
-    with index.transaction() as tx:
+    with index.transaction(durable=False) as tx:
         tx.saw(now)
         if not tx.renew(kind, key, row, now):
             return False

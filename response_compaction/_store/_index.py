@@ -121,8 +121,13 @@ class Index:
             )
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def transaction(self, *, durable: bool = True) -> Iterator[Transaction]:
         """Hold the write lock; commit on success, roll back on any exception.
+
+        ``durable=False`` commits without syncing the WAL (``synchronous=NORMAL`` for this
+        transaction only): a crash may lose it, never tear it, and the next durable commit of
+        any connection makes it durable too (the WAL is synced as a whole, in order). Only for
+        changes whose loss is harmless (see ``_commit.renew``).
 
         Raises :class:`IndexBusy` (before anything was done) when the lock is not free, and
         :class:`IndexReplacedError` when ``index.sqlite3`` is no longer the file this
@@ -134,6 +139,8 @@ class Index:
         if not self._lock.acquire(timeout=BUSY_MS / 1000):
             raise IndexBusy
         try:
+            if not durable:
+                self._conn.execute("PRAGMA synchronous=NORMAL")
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
@@ -156,7 +163,11 @@ class Index:
                         self._conn.execute("ROLLBACK")
                 raise
         finally:
-            self._lock.release()
+            try:
+                if not durable:
+                    self._conn.execute("PRAGMA synchronous=FULL")
+            finally:
+                self._lock.release()
 
     def _flush_uses(self, tx: Transaction) -> None:
         pending, self._pending = self._pending, {}
@@ -167,11 +178,12 @@ class Index:
         """Whether uses are waiting to be written and the batching interval has passed."""
         return bool(self._pending) and time.monotonic() >= self._next_flush
 
-    def record_use(self, kind: Kind, key: str, now: float) -> None:
+    def record_use(self, kind: Kind, key: str, now: float, *, flush: bool = True) -> None:
         """Count a read as a use, best-effort: never waits for the write lock, never raises.
 
         A use that cannot be written now is kept and written by this process's next write;
-        losing some only changes which entry the LRU bound evicts first.
+        losing some only changes which entry the LRU bound evicts first. ``flush=False`` (on
+        the event loop thread) only notes it: writing a batch is a commit, an fsync.
         """
         if self.read_only:
             return
@@ -181,7 +193,7 @@ class Index:
         # Batched: a commit (and its WAL fsync) per read cost ten times the read itself. Uses
         # go out with this process's next write, or here at most every USE_FLUSH_SECONDS.
         due = time.monotonic()
-        if due < self._next_flush or not self._lock.acquire(blocking=False):
+        if not flush or due < self._next_flush or not self._lock.acquire(blocking=False):
             return
         self._next_flush = due + USE_FLUSH_SECONDS
         try:

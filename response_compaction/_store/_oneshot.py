@@ -24,15 +24,13 @@ from ._commit import publish, renew
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import (
     FILE_FLAGS,
-    KINDS,
     Kind,
     NotRegularFileError,
-    open_dir,
-    prepare_root,
     regular_opener,
     unlink_quietly,
     valid_name,
 )
+from ._tree import Tree, release_now, tree, tree_now
 from ._verify import check_digest, check_trusted
 
 __all__ = [
@@ -83,22 +81,25 @@ def put_small(
     validate, is not rewritten: its TTL is renewed. Anything else (absent, expired, tampered,
     evicted meanwhile) is written afresh. Raises ``ValueError`` if the bytes do not validate.
     """
-    with map_errors(INDEX_ERRORS):
-        index = _index.acquire(root)
-    try:
-        renewed = _renew_if_intact(index, kind, key, data, row, schema, now, max_entries)
-        if renewed is not None:
-            return renewed
-        return _write_new(
-            index, temp_name, kind, key, data, (hex_digest, store_key), row, schema, now,
-            max_entries,
-        )  # fmt: skip
-    finally:
-        _index.release(index)
+    with tree(root) as dirs:  # first: a removed root is made again before the index opens
+        with map_errors(INDEX_ERRORS):
+            index = _index.acquire(root)
+        try:
+            renewed = _renew_if_intact(index, dirs, kind, key, data, row, schema, now,
+                                       max_entries)  # fmt: skip
+            if renewed is not None:
+                return renewed
+            return _write_new(
+                index, dirs.tmp, temp_name, kind, key, data, (hex_digest, store_key), row,
+                schema, now, max_entries,
+            )  # fmt: skip
+        finally:
+            _index.release(index)
 
 
 def _renew_if_intact(
     index: Index,
+    dirs: Tree,
     kind: Kind,
     key: str,
     data: bytes,
@@ -117,11 +118,7 @@ def _renew_if_intact(
     if existing.digest != row.digest or existing.size != len(data):
         return None
     try:
-        root_fd = open_dir(index.root, create=False)
-        try:
-            on_disk = _read_entry(root_fd, kind, key)
-        finally:
-            os.close(root_fd)
+        on_disk = _read_entry(dirs, kind, key)
     except OSError:
         return None  # gone, or not a regular file: write it afresh
     # Equal bytes hash to the digest computed from ``data``; the row's digest (the same seal
@@ -136,6 +133,7 @@ def _renew_if_intact(
 
 def _write_new(
     index: Index,
+    tmp_fd: int,
     temp_name: str,
     kind: Kind,
     key: str,
@@ -146,7 +144,6 @@ def _write_new(
     now: float,
     max_entries: int,
 ) -> Put:
-    tmp_fd = _open_tmp(index.root)
     published = False
     try:
         fd = os.open(
@@ -157,7 +154,7 @@ def _write_new(
             os.fsync(fd)
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
-        back = _read_regular(temp_name, tmp_fd)
+        back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
         check_digest(back, digest[0], len(data), digest[1])
         value = decode_exact(back, schema)
         with map_errors(f"could not publish the {kind} value in the store index"):
@@ -166,7 +163,6 @@ def _write_new(
     finally:
         if not published:
             unlink_quietly(temp_name, tmp_fd)
-        os.close(tmp_fd)
     return Put(reused=reused, value=value)
 
 
@@ -179,15 +175,12 @@ def read_checked(
     saying what is wrong when the bytes cannot be trusted. The read is recorded as a use,
     best-effort (never waiting for the write lock).
     """
-    root_fd = open_root(root)
-    try:
-        return _read_checked(root_fd, root, kind, key, now, secret)
-    finally:
-        os.close(root_fd)
+    with tree(root) as dirs:
+        return _read_checked(dirs, root, kind, key, now, secret)
 
 
 def _read_checked(
-    root_fd: int, root: str, kind: Kind, key: str, now: float, secret: bytes
+    dirs: Tree, root: str, kind: Kind, key: str, now: float, secret: bytes
 ) -> tuple[Row, bytes] | str | None:
     with map_errors(INDEX_ERRORS):
         index = _index.acquire(root)
@@ -200,7 +193,7 @@ def _read_checked(
         # Expired by this clock, or by the time other clocks already witnessed (_clocks).
         if row is None or row.expires_at <= max(now, row.attested):
             return None
-        got = _read_trusted(root_fd, kind, key, row, secret)
+        got = _read_trusted(dirs, kind, key, row, secret)
         if isinstance(got, bytes):
             index.record_use(kind, key, now)
     finally:
@@ -209,10 +202,10 @@ def _read_checked(
 
 
 def _read_trusted(
-    root_fd: int, kind: Kind, key: str, row: Row, secret: bytes, limit: int = -1
+    dirs: Tree, kind: Kind, key: str, row: Row, secret: bytes, limit: int = -1
 ) -> bytes | str | None:
     try:
-        data = _read_entry(root_fd, kind, key, limit)
+        data = _read_entry(dirs, kind, key, limit)
     except FileNotFoundError:
         return None
     except NotRegularFileError as exc:
@@ -256,66 +249,24 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
             return None
         if row.size > INLINE_READ_BYTES:
             return NOT_INLINE
+        dirs = tree_now(root, kind)
+        if dirs is None:
+            return NOT_INLINE  # not opened yet, changed, or removed (remaking writes)
         try:
-            root_fd = open_root(root, remake=False)
-        except FileNotFoundError:
-            return NOT_INLINE  # remaking a removed root writes: not on the loop
-        try:
-            got = _read_trusted(root_fd, kind, key, row, secret, INLINE_READ_BYTES)
+            got = _read_trusted(dirs, kind, key, row, secret, INLINE_READ_BYTES)
         finally:
-            os.close(root_fd)
+            release_now(dirs)
         if isinstance(got, bytes):
-            index.record_use(kind, key, now)  # only noted: no batch was due
+            index.record_use(kind, key, now, flush=False)  # a commit never runs on the loop
     finally:
         _index.release(index, close_idle=False)
     return got if got is None or isinstance(got, str) else (row, got)
 
 
-def open_root(root: str, *, remake: bool = True) -> int:
-    """The root's fd, the root and its subdirectories checked as :func:`prepare_root` does.
-
-    Run by every one-hop operation (a handful of syscalls), so a root prepared once per
-    process is still refused the moment one of its directories becomes a symlink or shared.
-    A root or subdirectory removed meanwhile is made again (``remake``; else
-    ``FileNotFoundError``).
-    """
-    try:
-        root_fd = open_dir(root, create=False)
-        try:
-            for sub in ("tmp", *KINDS):
-                os.close(open_dir(sub, create=False, dir_fd=root_fd))
-        except BaseException:
-            os.close(root_fd)
-            raise
-    except FileNotFoundError:
-        if not remake:
-            raise
-        prepare_root(os.path.dirname(root))
-        root_fd = open_dir(root, create=False)
-    return root_fd
-
-
-def open_fanout_at(root_fd: int, kind: Kind, key: str) -> int:
-    """Like :func:`open_fanout`, below an already opened and checked root."""
+def _read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
     if not valid_name(kind, key):
         raise UnsafeStoreError("not an entry name", kind)
-    kind_fd = open_dir(kind, create=False, dir_fd=root_fd)
-    try:
-        return open_dir(key[:2], create=False, dir_fd=kind_fd)
-    finally:
-        os.close(kind_fd)
-
-
-def _open_tmp(root: str) -> int:
-    try:
-        return open_dir(os.path.join(root, "tmp"), False)
-    except FileNotFoundError:
-        os.close(open_root(root))  # removed since the store was opened: made again
-        return open_dir(os.path.join(root, "tmp"), False)
-
-
-def _read_entry(root_fd: int, kind: Kind, key: str, limit: int = -1) -> bytes:
-    fan_fd = open_fanout_at(root_fd, kind, key)
+    fan_fd = dirs.fanout(kind, key)
     try:
         return _read_regular(key, fan_fd, limit)
     finally:
@@ -329,13 +280,16 @@ def _read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
     the digest check), and a planted huge file is never read whole on the loop.
     """
     fd = regular_opener(dir_fd)(name, os.O_RDONLY)
-    with os.fdopen(fd, "rb", buffering=0) as file:
-        if limit < 0:
+    if limit < 0:
+        with os.fdopen(fd, "rb", buffering=0) as file:
             return file.readall()
-        data = bytearray()
-        while len(data) <= limit and (chunk := file.read(limit + 1 - len(data))):
+    try:
+        data = os.read(fd, limit + 1)  # small entries: one read (no file object to build)
+        while len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
             data += chunk
-        return bytes(data)
+        return data
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -32,10 +32,9 @@ from .._canonical import Span
 from .._errors import map_errors
 from .._models import Broken, Missing
 from .._perf import paused_gc
-from .._slices import decode_layout
 from ._fileio import FileBackend
 from ._paths import Kind, NotRegularFileError, open_entry
-from ._verify import check_trusted
+from ._verify import check_trusted, opened_layout
 
 if TYPE_CHECKING:
     from . import Store
@@ -78,7 +77,7 @@ async def get_checked(
     work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
     whole: WholeWork[T] | None,
 ) -> T | Missing | Broken:
-    """``work(bytes, layout hint)`` on one entry, its result only for bytes that verify.
+    """``work(bytes, layout)`` on one entry, its result only for bytes that verify.
 
     The check (against the reference, as :meth:`Store.get`) overlaps the work. An entry of
     8 MiB or more without a layout goes to ``whole`` in a pool worker or a thread instead.
@@ -89,7 +88,8 @@ async def get_checked(
         row = await store._live_row(index, kind, key, now)
         if isinstance(row, (Missing, Broken)):
             return row
-        spans = decode_layout(row.layout)
+        # Item counts come only from a layout this store's key sealed to this entry.
+        spans = opened_layout(store._key, kind, key, row.digest, row.layout)
         # The reference (or, for a summary, the sealed row) is the only digest trusted.
         check = partial(check_trusted, kind=kind, key=key, recorded=row.digest, secret=store._key)
         backend = store._backend

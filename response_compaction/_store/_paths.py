@@ -11,11 +11,10 @@ import contextlib
 import errno
 import os
 import re
-import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Literal
 
 from .._errors import UnsafeStoreError
@@ -25,10 +24,10 @@ __all__ = [
     "KINDS",
     "ROOT_NAME",
     "STALE_TEMP_SECONDS",
-    "Dirs",
     "Kind",
     "NotRegularFileError",
     "check_ancestors",
+    "check_stat",
     "fsync_parent",
     "open_dir",
     "open_fanout",
@@ -63,7 +62,11 @@ def valid_name(kind: str, key: str) -> bool:
 
 
 def _check_dir(fd: int, path: str) -> None:
-    st = os.fstat(fd)
+    check_stat(os.fstat(fd), path)
+
+
+def check_stat(st: os.stat_result, path: str) -> None:
+    """Raise :class:`UnsafeStoreError` unless ``st`` is ours and not writable by others."""
     if st.st_uid != os.geteuid():
         raise UnsafeStoreError("store directory is owned by another user", path)
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -235,90 +238,6 @@ def sweep_temps(root: str, older_than: float) -> int:
     finally:
         os.close(tmp_fd)
     return removed
-
-
-class Dirs:
-    """Directory fds for one blocking operation; every component opened without following links."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-
-    def __enter__(self) -> Dirs:
-        self.root_fd = open_dir(self.root, create=False)
-        self.tmp = open_dir("tmp", create=False, dir_fd=self.root_fd)
-        self._fans: dict[tuple[Kind, str], int] = {}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for fd in self._fans.values():
-            os.close(fd)
-        os.close(self.tmp)
-        os.close(self.root_fd)
-
-    def fanout(self, kind: Kind, key: str) -> int:
-        """The fd of ``key``'s fan-out directory (created if missing), kept for this operation."""
-        if kind not in KINDS or not _FANOUT.fullmatch(key[:2]):
-            raise UnsafeStoreError("the store index names no entry", self.root)
-        slot = (kind, key[:2])
-        if slot not in self._fans:
-            kind_fd = open_dir(kind, create=True, dir_fd=self.root_fd)
-            try:
-                self._fans[slot] = open_dir(key[:2], create=True, dir_fd=kind_fd)
-            finally:
-                os.close(kind_fd)
-        return self._fans[slot]
-
-    def publish(self, temp_name: str, kind: Kind, key: str, *, sync: bool = True) -> None:
-        """Rename a verified temp file into place and make the rename durable.
-
-        A directory where the entry belongs (which ``rename`` cannot replace) is moved aside
-        first, so no planted object makes a value permanently uncompactable. ``sync=False``:
-        the caller fsyncs ``fanout(kind, key)`` itself (once for several renames).
-        """
-        fan_fd = self.fanout(kind, key)
-        try:
-            os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
-        except OSError as exc:
-            if exc.errno not in _NOT_A_FILE:
-                raise
-            self._displace(fan_fd, key)
-            os.rename(temp_name, key, src_dir_fd=self.tmp, dst_dir_fd=fan_fd)
-        if sync:
-            os.fsync(fan_fd)
-
-    def unlink(self, kind: Kind, key: str) -> None:
-        """Remove one entry (whatever sits at its name) if it is there."""
-        if not valid_name(kind, key):
-            return  # a corrupt row: it names no file, dropping the row is all there is to do
-        fan_fd = self.fanout(kind, key)
-        try:
-            os.unlink(key, dir_fd=fan_fd)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            if exc.errno not in _NOT_A_FILE:
-                raise
-            self._displace(fan_fd, key)
-
-    def _displace(self, fan_fd: int, key: str) -> None:
-        """Remove a directory at an entry's name: rmdir if empty, else move it into ``tmp/``."""
-        try:
-            os.rmdir(key, dir_fd=fan_fd)
-        except OSError:
-            aside = f"{secrets.token_hex(12)}.displaced"
-            os.rename(key, aside, src_dir_fd=fan_fd, dst_dir_fd=self.tmp)
-
-    def entry_files(self, kind: Kind) -> Iterator[str]:
-        """Names of the entry files of ``kind``, whatever the index says."""
-        kind_fd = open_dir(kind, False, self.root_fd)
-        try:
-            fans = [name for name in os.listdir(kind_fd) if _FANOUT.fullmatch(name)]
-        finally:
-            os.close(kind_fd)
-        for fan in fans:
-            for name in os.listdir(self.fanout(kind, fan)):
-                if _HEX_KEY.fullmatch(name):
-                    yield name
 
 
 def opener(dir_fd: int | None, mode: int) -> Callable[[str, int], int]:

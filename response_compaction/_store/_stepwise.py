@@ -24,7 +24,7 @@ from .._canonical import Span
 from .._digest import new_hasher
 from .._errors import StoreError, map_errors
 from .._models import Broken, Found, Missing
-from .._slices import decode_layout, encode_layout
+from .._slices import decode_layout
 from . import _index
 from ._commit import Publication
 from ._fileio import AsyncBinaryFile, FileBackend, write_all
@@ -32,7 +32,7 @@ from ._group import publish_grouped
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import Kind, NotRegularFileError, open_dir, open_fanout, opener, unlink_quietly
 from ._turns import cpu_turn
-from ._verify import check_trusted, decoded_value, read_all, seal, verify_file
+from ._verify import check_trusted, decoded_value, read_all, seal, sealed_layout, verify_file
 
 __all__ = ["LOCK_WAIT_SECONDS", "Stepwise", "Stored"]
 
@@ -118,13 +118,11 @@ class Stepwise:
                     temp_name, tmp_fd, pieces, schema, layout, size_for_value=want_value_up_to
                 )
                 now = self.clock()
-                row = Row(
-                    seal(self._key, kind, key or hex_digest, hex_digest),
-                    size,
-                    now + ttl_seconds,
-                    encode_layout(layout) if layout else None,
-                )
-                item = Publication(temp_name, kind, key or hex_digest, row, now, max_entries)
+                name = key or hex_digest
+                recorded = seal(self._key, kind, name, hex_digest)
+                sealed = sealed_layout(self._key, kind, name, recorded, layout)
+                row = Row(recorded, size, now + ttl_seconds, sealed)
+                item = Publication(temp_name, kind, name, row, now, max_entries)
                 async with self._using_index() as index:
                     with map_errors(f"could not publish the {kind} value in the store index"):
                         reused = await publish_grouped(self._patiently, index, item)

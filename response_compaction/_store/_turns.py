@@ -11,6 +11,7 @@ worker thread while it polls SQLite's lock (the retry loop stays, for other proc
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anyio
@@ -20,7 +21,7 @@ from anyio.lowlevel import RunVar
 __all__ = ["cpu_turn", "next_turn", "pace", "writer_turn"]
 
 _CPU: RunVar[_Turn] = RunVar("response_compaction_cpu_turn")
-_PACED: RunVar[list[float]] = RunVar("response_compaction_paced")
+_paced = threading.local()
 #: Work done on the loop without a schedule point (inline reads) is cut at about this long.
 PACE_SECONDS = 0.001
 #: CPU-bound steps run back to back on the loop for at most about this long before one of
@@ -99,13 +100,12 @@ async def pace() -> None:
     Always a cancellation point.
     """
     now = time.perf_counter()
-    try:
-        last = _PACED.get()
-    except LookupError:
-        last = [now]
-        _PACED.set(last)
-    if now - last[0] >= PACE_SECONDS:
-        last[0] = now
+    # Per thread, so per running loop (one at a time per thread), and cheaper than a RunVar.
+    last = getattr(_paced, "last", None)
+    if last is None:
+        last = _paced.last = now
+    if now - last >= PACE_SECONDS:
+        _paced.last = now
         await anyio.lowlevel.checkpoint()
     else:
         await anyio.lowlevel.checkpoint_if_cancelled()

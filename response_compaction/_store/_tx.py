@@ -77,6 +77,7 @@ class Transaction:
         self._conn = conn
         self.me = writer_id()
         self._uses: float | None = None
+        self._attested: tuple[float, float] | None = None  # (now, attested at now)
 
     def next_use(self) -> float:
         """The next number of the use counter that orders capacity eviction (not a clock)."""
@@ -100,12 +101,21 @@ class Transaction:
             )
 
     def attested(self, now: float) -> float:
-        """``now`` corrected by the clocks already witnessed (see ``_clocks``)."""
+        """``now`` corrected by the clocks already witnessed (see ``_clocks``).
+
+        Asked once per transaction and ``now``: no other writer can record a clock while
+        this transaction holds the write lock, and this one records only ``now`` (``saw``).
+        """
+        if self._attested is not None and self._attested[0] == now:
+            return self._attested[1]
         (value,) = self._conn.execute(_ATTESTED, {"now": now, "me": self.me}).fetchone()
-        return number(value) or now
+        attested = number(value) or now
+        self._attested = (now, attested)
+        return attested
 
     def saw(self, now: float) -> None:
         """Record this writer's clock."""
+        self._attested = None  # it may raise this writer's own highest clock
         record_clock(self._conn, self.me, now)
 
     def is_live(self, kind: Kind, key: str, now: float) -> bool:

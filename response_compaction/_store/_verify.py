@@ -14,7 +14,7 @@ from .. import _pool, _verifiers
 from .._canonical import Span, decode_exact
 from .._digest import digest_hex, matches
 from .._perf import paused_gc
-from .._slices import decode_sliced
+from .._slices import Sign, decode_sliced, open_layout, seal_layout
 from ._fileio import FileBackend
 from ._index import Entry
 from ._paths import FILE_FLAGS, Kind, open_entry, regular_opener
@@ -26,7 +26,9 @@ __all__ = [
     "check_entry",
     "check_trusted",
     "decoded_value",
+    "opened_layout",
     "seal",
+    "sealed_layout",
     "verify_file",
     "verify_path",
 ]
@@ -73,6 +75,36 @@ def seal(secret: bytes, kind: Kind, key: str, content_hex: str) -> str:
         return content_hex
     message = f"{kind}\0{key}\0{content_hex}".encode()
     return hmac.new(secret, message, "sha256").hexdigest()
+
+
+def _layout_signer(secret: bytes, kind: Kind, key: str, recorded: str) -> Sign:
+    # Bound to the entry (its name and the digest its row records, itself a seal for a
+    # summary), so a sealed layout moved onto another entry does not verify; "layout" first
+    # keeps these messages apart from the summary seals above.
+    prefix = f"layout\0{kind}\0{key}\0{recorded}\0".encode()
+
+    def sign(message: bytes) -> str:
+        return hmac.new(secret, prefix + message, "sha256").hexdigest()
+
+    return sign
+
+
+def sealed_layout(
+    secret: bytes, kind: Kind, key: str, recorded: str, layout: list[Span] | None
+) -> bytes | None:
+    """The writer's layout of an entry as its row keeps it, sealed with the store's key."""
+    return seal_layout(layout, _layout_signer(secret, kind, key, recorded)) if layout else None
+
+
+def opened_layout(
+    secret: bytes, kind: Kind, key: str, recorded: str, stored: bytes | None
+) -> tuple[Span, ...]:
+    """A row's layout, its item counts kept only where this store's key sealed them.
+
+    A count says which bytes an item index names; only bytes that verify are ever shown, so
+    a sealed count over verified bytes is what the writer encoded.
+    """
+    return open_layout(stored, _layout_signer(secret, kind, key, recorded))
 
 
 def check_trusted(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
