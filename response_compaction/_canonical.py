@@ -54,15 +54,17 @@ TOO_DEEP = (
 
 
 class Span(msgspec.Struct, frozen=True, array_like=True):
-    """Where a streamed array lies in the canonical bytes, so a reader can decode it in slices.
+    """Where a streamed array (or object) lies in the canonical bytes, for a sliced decode.
 
     ``field`` is the encoded field name in a top-level struct, or None when the array is the
     top-level value; ``start``/``end`` bound its brackets; ``slices`` are the ``[a, b)`` byte
     ranges of each slice's elements (consecutive slices are separated by one comma);
     ``counts`` the number of items the writer put in each slice. ``seal`` is set by the store
     (HMAC under its key, see ``_slices.seal_layout``): only a sealed span's counts are ever
-    believed. Both have defaults, so layouts written before them still decode, and a reader
-    that does not know them ignores them (array-like structs drop trailing elements).
+    believed. ``mapping`` marks a string-keyed object streamed in sorted key slices (its
+    ``start``/``end`` bound its braces). All three have defaults, so layouts written before
+    them still decode, and a reader that does not know them ignores them (array-like structs
+    drop trailing elements; an older reader's bracket check refuses a mapping span).
     """
 
     field: str | None
@@ -71,6 +73,7 @@ class Span(msgspec.Struct, frozen=True, array_like=True):
     slices: tuple[tuple[int, int], ...]
     counts: tuple[int, ...] = ()
     seal: str = ""
+    mapping: bool = False
 
 
 def to_exact_value(response: Any, schema: Any) -> Any:
@@ -218,7 +221,7 @@ class _Stream:
         if isinstance(value, list | tuple) and len(value) > 1:
             yield from self.sequence(value, record, field)
         elif isinstance(value, dict) and len(value) > 1 and all(type(k) is str for k in value):
-            yield from self.mapping(value)
+            yield from self.mapping(value, record, field)
         elif isinstance(value, msgspec.Struct) and not value.__struct_config__.omit_defaults:
             yield from self.struct(value, top=top)
         else:
@@ -253,16 +256,22 @@ class _Stream:
         if record and self.spans is not None:
             self.spans.append(Span(field, opened, self.pos, tuple(slices), tuple(counts)))
 
-    def mapping(self, mapping: dict[str, Any]) -> Iterator[bytes | memoryview]:
+    def mapping(
+        self, mapping: dict[str, Any], record: bool, field: str | None
+    ) -> Iterator[bytes | memoryview]:
         # msgspec sorts str keys by code point, which is what sorted() does, so sorted slices
         # concatenate into the same order a whole encoding uses.
         keys = sorted(mapping)
+        opened = self.pos
         yield self.emit(b"{")
+        slices: list[tuple[int, int]] = []
+        counts: list[int] = []
         start, step, count = 0, _FIRST_SLICE, len(keys)
         while start < count:
             if start:
                 yield self.emit(b",")
             if step == 1 and _is_container(mapping[keys[start]]):
+                record = False  # one member alone is too big for a piece: no slice holds it
                 yield self.emit(_encode(keys[start]))
                 yield self.emit(b":")
                 yield from self.value(mapping[keys[start]])
@@ -270,10 +279,17 @@ class _Stream:
                 continue
             chunk_keys = keys[start : start + step]
             body = _encode({k: mapping[k] for k in chunk_keys})
+            began = self.pos
             yield self.emit(memoryview(body)[1:-1])
+            slices.append((began, self.pos))
+            counts.append(len(chunk_keys))
             start += len(chunk_keys)
             step = _next_step(step, len(body), self.piece_bytes)
         yield self.emit(b"}")
+        # A dict that fit one slice gains nothing from a span: small layouts stay small.
+        if record and self.spans is not None and len(slices) > 1:
+            span = Span(field, opened, self.pos, tuple(slices), tuple(counts), mapping=True)
+            self.spans.append(span)
 
     def struct(self, value: msgspec.Struct, *, top: bool) -> Iterator[bytes | memoryview]:
         names = [

@@ -145,6 +145,8 @@ async def index_document(
     (sealed counts) or the writer's own. ``data`` may still be unverified: nothing learned
     from it is remembered until :func:`remember` is called for its digest.
     """
+    # An object's members are not items: a mapping span only serves a whole decode.
+    spans = [span for span in spans if not span.mapping]
     if not spans:
         return data
     view = memoryview(data)

@@ -140,14 +140,17 @@ def decode_canonical(data: bytes, layout: Sequence[Span] = ()) -> Any:
         return msgspec.json.decode(data)
     parts, pos = [], 0
     for span in spans:
-        parts += [data[pos : span.start], b"[]"]
+        parts += [data[pos : span.start], b"{}" if span.mapping else b"[]"]
         pos = span.end
     parts.append(data[pos:])
     root = msgspec.json.decode(b"".join(parts))
     for span in spans:
-        items: list[Any] = []
+        items: list[Any] | dict[str, Any] = {} if span.mapping else []
         for start, end in span.slices:
-            items.extend(msgspec.json.decode(b"[" + data[start:end] + b"]"))
+            if isinstance(items, dict):
+                items.update(msgspec.json.decode(b"{" + data[start:end] + b"}"))
+            else:
+                items.extend(msgspec.json.decode(b"[" + data[start:end] + b"]"))
         if span.field is None:
             root = items
         else:

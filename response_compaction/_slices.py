@@ -5,13 +5,17 @@ caller's loop, whichever thread runs it. When the writer streamed a long array i
 recorded where each slice's elements lie (a :class:`Span` per array). The reader decodes
 each slice on its own (``[`` + elements + ``]`` as ``list[T]``), yields to the loop between
 slices, decodes the rest of the document with those arrays emptied, and puts the items back.
+A large string-keyed object is streamed in sorted key slices the same way: its span says
+``mapping``, each slice is decoded as ``{`` + members + ``}`` against the field's
+``dict[str, V]``, and the slices are merged in order.
 
 This is only done where it provably gives the same value and the same validation as one
 whole decode: the array is the top-level value or a field of a top-level struct, its type is a
-plain ``list[T]`` (no length constraints), the struct has no ``__post_init__``, and the spans
-tile the array exactly with commas between them. Anything else is decoded whole. A span is a
-cutting hint over bytes that were already digest-checked, never a source of data: a wrong
-hint makes a slice fail to decode, and then the whole document is decoded instead.
+plain ``list[T]`` or ``dict[str, V]`` (no length or key constraints), the struct has no
+``__post_init__``, and the spans tile the array exactly with commas between them. Anything
+else is decoded whole. A span is a cutting hint over bytes that were already digest-checked,
+never a source of data: a wrong hint makes a slice fail to decode, and then the whole
+document is decoded instead.
 
 A layout is stored in the index, which an attacker may rewrite, so a span's *field name* is
 checked too: the document with each cut array replaced by a numbered marker is decoded as
@@ -102,23 +106,37 @@ def _decoded(data: bytes | None) -> tuple[Span, ...]:
 
 
 def _hint(span: Span) -> Span:
-    return Span(span.field, span.start, span.end, span.slices)
+    return Span(span.field, span.start, span.end, span.slices, mapping=span.mapping)
 
 
 def _signed(span: Span) -> bytes:
-    """What a span's seal covers: every field but the seal."""
-    return _LAYOUT_ENCODER.encode((span.field, span.start, span.end, span.slices, span.counts))
+    """What a span's seal covers: every field but the seal.
+
+    ``mapping`` is covered only when set, so seals made before it existed still verify.
+    """
+    fields = (span.field, span.start, span.end, span.slices, span.counts)
+    return _LAYOUT_ENCODER.encode((*fields, True) if span.mapping else fields)
 
 
 @dataclass(frozen=True, slots=True)
 class _Cut:
     attr: str | None  # struct attribute to put the items back into; None for the top level
     span: Span
-    item_list_type: Any
+    item_list_type: Any  # list[T], or dict[str, V] for a mapping span
 
 
-def _plain_list(info: mi.Type) -> bool:
-    return isinstance(info, mi.ListType) and info.min_length is None and info.max_length is None
+def _plain(info: mi.Type, span: Span) -> bool:
+    """Whether slices decoded apart and joined are the same as one decode of the container.
+
+    A length bound applies to the whole, not to a slice; a key constraint or a key type
+    other than ``str`` is left to the whole decode too.
+    """
+    if span.mapping:
+        if not isinstance(info, mi.DictType) or info.key_type != mi.StrType():
+            return False
+    elif not isinstance(info, mi.ListType):
+        return False
+    return info.min_length is None and info.max_length is None
 
 
 @functools.lru_cache(maxsize=256)
@@ -139,10 +157,10 @@ def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | Non
         types = {f.name: f.type for f in msgspec.structs.fields(cls)}
         for span in spans:
             field = by_name.get(span.field) if span.field is not None else None
-            if field is None or not _plain_list(field.type):
+            if field is None or not _plain(field.type, span):
                 return None
             cuts.append(_Cut(field.name, span, types[field.name]))
-    elif _plain_list(info) and len(spans) == 1 and spans[0].field is None:
+    elif len(spans) == 1 and spans[0].field is None and _plain(info, spans[0]):
         # The top-level array is the whole document: a span over a nested array is not it.
         if spans[0].start != 0 or spans[0].end != len(data):
             return None
@@ -161,7 +179,7 @@ def _tiles(data: bytes, span: Span) -> bool:
     start, end, slices = span.start, span.end, span.slices
     if not slices or not (0 <= start < end <= len(data)):
         return False
-    if data[start] != ord("[") or data[end - 1] != ord("]"):
+    if data[start : start + 1] + data[end - 1 : end] != (b"{}" if span.mapping else b"[]"):
         return False
     expected = start + 1
     for a, b in slices:
@@ -184,15 +202,10 @@ async def decode_sliced(
     if cuts is None:
         return decode_exact(data, schema)
     view = memoryview(data)
-    items: dict[str | None, list[Any]] = {}
+    items: dict[str | None, list[Any] | dict[str, Any]] = {}
     try:
         for cut in cuts:
-            decoder = _list_decoder(cut.item_list_type)
-            collected: list[Any] = []
-            for a, b in cut.span.slices:
-                collected.extend(decoder.decode(b"".join((b"[", view[a:b], b"]"))))
-                await checkpoint()
-            items[cut.attr] = collected
+            items[cut.attr] = await _decode_cut(view, cut, checkpoint)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         # Either the data is invalid (the whole decode says so, with msgspec's message) or
         # the hint was wrong (the whole decode is right).
@@ -202,8 +215,31 @@ async def decode_sliced(
     ordered = sorted(cuts, key=lambda c: c.span.start)
     if not _placed_where_named(view, ordered):
         return decode_exact(data, schema)  # a forged layout: only the whole decode is right
-    outer = decode_exact(_outer(view, ordered, lambda i: b"[]"), schema)
+    empty = [b"{}" if cut.span.mapping else b"[]" for cut in ordered]
+    outer = decode_exact(_outer(view, ordered, empty.__getitem__), schema)
     return msgspec.structs.replace(outer, **{str(k): v for k, v in items.items()})
+
+
+async def _decode_cut(
+    view: memoryview, cut: _Cut, checkpoint: Callable[[], Awaitable[None]]
+) -> list[Any] | dict[str, Any]:
+    """One cut container, decoded a slice at a time with the loop's turn in between.
+
+    Members of an object decoded apart and merged in order make the same dict as one decode
+    (a repeated key keeps its first place and its last value either way).
+    """
+    decoder = _list_decoder(cut.item_list_type)
+    if cut.span.mapping:
+        members: dict[str, Any] = {}
+        for a, b in cut.span.slices:
+            members.update(decoder.decode(b"".join((b"{", view[a:b], b"}"))))
+            await checkpoint()
+        return members
+    collected: list[Any] = []
+    for a, b in cut.span.slices:
+        collected.extend(decoder.decode(b"".join((b"[", view[a:b], b"]"))))
+        await checkpoint()
+    return collected
 
 
 def _outer(view: memoryview, ordered: list[_Cut], placeholder: Callable[[int], bytes]) -> bytes:
