@@ -22,7 +22,7 @@ from .._part import Part
 from .._pydantic import plain_hook
 from .._read import response_compaction_read_part
 from .._store import open_store
-from ._model import DEFAULT_FALLBACK, DefaultSummary, ModelConfig
+from ._model import DEFAULT_FALLBACK, DefaultSummary, ModelConfig, summary_for
 
 __all__ = (
     "COMMANDS",
@@ -112,13 +112,14 @@ def _progress(label: str, show: bool) -> Iterator[None]:
 
 async def _compact(args: argparse.Namespace) -> int:
     data: bytes = args.data
-    options = _options(args, args.fallback)
     model = ModelConfig.from_args(args, args.ladder)
+    schema, fallback = summary_for(args.summary_schema, args.fallback, model.schema_dialect)
+    options = _options(args, fallback)
     show = len(data) >= PROGRESS_BYTES and sys.stderr.isatty()
     async with model.catalog(args.context_tokens) as llm:
         with _progress(f"compacting {len(data) / 1e6:.1f} MB", show):
             compacted = await response_compact(
-                _harness(args, llm), msgspec.Raw(data), args.schema, args.summary_schema, options
+                _harness(args, llm), msgspec.Raw(data), args.schema, schema, options
             )
     if compacted.receipt.fallback_reason == "no_llm":
         note(f"no model configured, so the fallback was returned ({model.why_not})")
@@ -254,11 +255,12 @@ async def _proxy(args: argparse.Namespace) -> int:
     if not args.upstream:
         raise ValueError("proxy needs the upstream server's command after --: proxy -- CMD")
     model = ModelConfig.from_args(args, args.ladder)
+    schema, fallback = summary_for(DefaultSummary, DEFAULT_FALLBACK, model.schema_dialect)
     async with model.catalog(args.context_tokens) as llm:
         config = ProxyConfig(
             harness=_harness(args, llm),
-            options=_options(args, DEFAULT_FALLBACK),
-            summary_schema=DefaultSummary,
+            options=_options(args, fallback),
+            summary_schema=schema,
             max_bytes=args.max_bytes,
             text_bytes=args.text_bytes,
         )

@@ -9,38 +9,58 @@ import os
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
 if TYPE_CHECKING:
     from .._openai import OpenAICatalog  # imported when a model is configured: it loads openai
 
-__all__ = ("DEFAULT_FALLBACK", "DefaultSummary", "ModelConfig")
+__all__ = ("DEFAULT_FALLBACK", "DefaultSummary", "GrammarSummary", "ModelConfig", "summary_for")
+
+
+_OVERVIEW = "what the document is, in about 200 characters"
+_FACTS = "at most 3 facts, about 80 characters each"
+_RETAINED = "The exact response was retained but not summarized; read it back by exact_ref."
 
 
 class DefaultSummary(msgspec.Struct, frozen=True, kw_only=True):
     """The summary schema ``compact`` asks for unless ``--summary-schema`` names another.
 
-    Bounded, and the bounds are said in the descriptions too: a server that enforces them
-    (``schema_dialect="full"``: llama.cpp, vLLM) stops a small model that repeats itself
-    well before the token bound (SmolLM2-135M at temperature 0 otherwise ran to 1,024 tokens
-    and came back ``truncated``); OpenAI's strict mode sees the descriptions.
+    Its size is asked for in the descriptions (OpenAI's strict mode sends those, not bounds);
+    a server that enforces bounds gets :class:`GrammarSummary` instead.
     """
 
-    overview: Annotated[
-        str, msgspec.Meta(max_length=200, description="what the document is, in 200 characters")
-    ]
+    overview: Annotated[str, msgspec.Meta(description=_OVERVIEW)]
+    critical_facts: Annotated[list[str], msgspec.Meta(description=_FACTS)]
+
+
+class GrammarSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """:class:`DefaultSummary` with hard bounds, for ``schema_dialect="full"`` servers.
+
+    llama.cpp and vLLM turn the bounds into a grammar, which stops a small model that repeats
+    itself: SmolLM2-135M at temperature 0 never stops by itself (1,024 tokens, ``truncated``),
+    writes one character per token at ~8 tokens/s on a CPU, so ~440 characters is what fits
+    beside an 8K prompt in a 120 s budget. A server that enforces them never breaks them; a
+    reply that did would be ``invalid``, which is why OpenAI does not get them.
+    """
+
+    overview: Annotated[str, msgspec.Meta(max_length=200, description=_OVERVIEW)]
     critical_facts: Annotated[
         list[Annotated[str, msgspec.Meta(max_length=80)]],
-        msgspec.Meta(max_length=3, description="at most 3 facts, 80 characters each"),
+        msgspec.Meta(max_length=3, description=_FACTS),
     ]
 
 
-DEFAULT_FALLBACK = DefaultSummary(
-    overview="The exact response was retained but not summarized; read it back by exact_ref.",
-    critical_facts=[],
-)
+DEFAULT_FALLBACK = DefaultSummary(overview=_RETAINED, critical_facts=[])
+GRAMMAR_FALLBACK = GrammarSummary(overview=_RETAINED, critical_facts=[])
+
+
+def summary_for(schema: Any, fallback: Any, dialect: str) -> tuple[Any, Any]:
+    """The summary schema and fallback to ask for: the default one bounded under "full"."""
+    if schema is DefaultSummary and dialect == "full":
+        return GrammarSummary, GRAMMAR_FALLBACK
+    return schema, fallback
 
 
 @dataclass(frozen=True, slots=True)
