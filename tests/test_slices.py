@@ -22,6 +22,8 @@ OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
 
 
 class CountingCheckpoint:
+    """A checkpoint that counts its calls (also used by test_slices_mapping)."""
+
     def __init__(self) -> None:
         self.calls = 0
 

@@ -26,19 +26,11 @@ from response_compaction._slices import (
 )
 from response_compaction._store import ROOT_NAME
 from tests.schemas import FALLBACK, Summary
+from tests.test_slices import CountingCheckpoint
 
 pytestmark = pytest.mark.anyio
 
 OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
-
-
-class CountingCheckpoint:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def __call__(self) -> None:
-        self.calls += 1
-        await anyio.lowlevel.checkpoint()
 
 
 class Strings(msgspec.Struct, frozen=True, kw_only=True):
