@@ -47,13 +47,12 @@ from .._models import Broken, Found, Missing
 from .._slices import decode_layout
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
-from ._index import Row
 from ._key import KEY_NAME, load_key, read_key
 from ._oneshot import NOT_INLINE, SMALL_BYTES, put_small, read_checked, read_inline
 from ._paths import KINDS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
 from ._stepwise import Stepwise, Stored
 from ._turns import cpu_turn, pace
-from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_value, seal, sealed_layout
+from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_value
 
 __all__ = [
     "KINDS",
@@ -216,9 +215,7 @@ class Store(Stepwise):
         hex_digest = digest_hex(self._key, data)
         key = key or hex_digest
         now = self.clock()
-        recorded = seal(self._key, kind, key, hex_digest)
-        sealed = sealed_layout(self._key, kind, key, recorded, layout)
-        row = Row(recorded, len(data), now + ttl_seconds, sealed)
+        row = self._new_row(kind, key, hex_digest, len(data), now + ttl_seconds, layout)
         temp_name = f"{secrets.token_hex(12)}.tmp"
         with map_errors(f"could not retain the {kind} value"):
             done = await self._patiently(

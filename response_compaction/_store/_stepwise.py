@@ -65,6 +65,21 @@ class Stepwise:
     _key: bytes
     _fast: bool
 
+    def _new_row(
+        self,
+        kind: Kind,
+        name: str,
+        hex_digest: str,
+        size: int,
+        expires_at: float,
+        layout: list[Span] | None,
+    ) -> Row:
+        """The index row of a new entry: its digest (sealed for a summary) and sealed layout."""
+        recorded = seal(self._key, kind, name, hex_digest)
+        return Row(
+            recorded, size, expires_at, sealed_layout(self._key, kind, name, recorded, layout)
+        )
+
     async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread, retried while the index is busy.
 
@@ -119,9 +134,7 @@ class Stepwise:
                 )
                 now = self.clock()
                 name = key or hex_digest
-                recorded = seal(self._key, kind, name, hex_digest)
-                sealed = sealed_layout(self._key, kind, name, recorded, layout)
-                row = Row(recorded, size, now + ttl_seconds, sealed)
+                row = self._new_row(kind, name, hex_digest, size, now + ttl_seconds, layout)
                 item = Publication(temp_name, kind, name, row, now, max_entries)
                 async with self._using_index() as index:
                     with map_errors(f"could not publish the {kind} value in the store index"):
