@@ -114,6 +114,26 @@ def index_rows(root: Path, kind: str = "exact") -> set[str]:
         conn.close()
 
 
+def stored_layout(root: Path, key: str) -> bytes:
+    """The layout column of the index row of exact entry ``key``, as stored."""
+    conn = sqlite3.connect(root / "index.sqlite3")
+    try:
+        (stored,) = conn.execute("SELECT layout FROM entries WHERE key = ?", (key,)).fetchone()
+    finally:
+        conn.close()
+    return bytes(stored)
+
+
+def rewrite_layout(root: Path, key: str, layout: bytes) -> None:
+    """Replace the layout column of ``key``'s index row (a forger with write access to it)."""
+    conn = sqlite3.connect(root / "index.sqlite3")
+    try:
+        with conn:
+            conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (layout, key))
+    finally:
+        conn.close()
+
+
 Snapshot = dict[str, tuple[int, int, int, int, str]]
 
 

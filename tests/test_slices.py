@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
@@ -13,7 +11,7 @@ import pytest
 import response_compaction as rc
 from response_compaction._canonical import Span, iter_canonical
 from response_compaction._slices import decode_sliced, encode_layout
-from response_compaction._store import ROOT_NAME
+from tests._store_support import rewrite_layout, store_root, stored_layout
 from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
@@ -136,14 +134,12 @@ async def test_a_tampered_layout_in_the_index_cannot_change_the_value(
     value = big_exact(40_000)
     compacted = await rc.response_compact(harness, value, Exact, Summary, OPTIONS)
     hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
-    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
+    root = store_root(workspace)
     forged = encode_layout([Span("rows", 8, 40, ((9, 20), (21, 39)))])
-    with sqlite3.connect(index) as conn:
-        conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (forged, hex_digest))
+    rewrite_layout(root, hex_digest, forged)
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
     assert found == rc.Found(value=value)
-    with sqlite3.connect(index) as conn:
-        conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (b"garbage", hex_digest))
+    rewrite_layout(root, hex_digest, b"garbage")
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
     assert found == rc.Found(value=value)
 
@@ -173,20 +169,13 @@ async def test_a_layout_with_swapped_field_names_cannot_swap_the_fields(
     compacted = await rc.response_compact(harness, value, TwoLists, Summary, OPTIONS)
     assert compacted.receipt.exact_bytes > 1 << 20
     hex_digest = compacted.receipt.exact_digest.removeprefix("sha256:")
-    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
-    with sqlite3.connect(index) as conn:
-        (stored,) = conn.execute(
-            "SELECT layout FROM entries WHERE key = ?", (hex_digest,)
-        ).fetchone()
-        spans = msgspec.json.decode(stored, type=tuple[Span, ...])
-        assert sorted(str(span.field) for span in spans) == ["first", "second"]
-        swapped = [
-            Span("second" if s.field == "first" else "first", s.start, s.end, s.slices)
-            for s in spans
-        ]
-        conn.execute(
-            "UPDATE entries SET layout = ? WHERE key = ?", (encode_layout(swapped), hex_digest)
-        )
+    root = store_root(workspace)
+    spans = msgspec.json.decode(stored_layout(root, hex_digest), type=tuple[Span, ...])
+    assert sorted(str(span.field) for span in spans) == ["first", "second"]
+    swapped = [
+        Span("second" if s.field == "first" else "first", s.start, s.end, s.slices) for s in spans
+    ]
+    rewrite_layout(root, hex_digest, encode_layout(swapped))
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, TwoLists)
     assert found == rc.Found(value=value)
 
@@ -204,15 +193,11 @@ async def test_a_span_moved_onto_a_field_whose_value_looks_like_the_marker_chang
     compacted = await rc.response_compact(harness, value, IntLists, Summary, OPTIONS)
     assert compacted.receipt.exact_bytes > 1 << 20
     hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
-    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
-    with sqlite3.connect(index) as conn:
-        (stored,) = conn.execute(
-            "SELECT layout FROM entries WHERE key = ?", (hex_digest,)
-        ).fetchone()
-        (span,) = msgspec.json.decode(stored, type=tuple[Span, ...])
-        assert span.field == "a"
-        forged = encode_layout([Span("b", span.start, span.end, span.slices)])
-        conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (forged, hex_digest))
+    root = store_root(workspace)
+    (span,) = msgspec.json.decode(stored_layout(root, hex_digest), type=tuple[Span, ...])
+    assert span.field == "a"
+    forged = encode_layout([Span("b", span.start, span.end, span.slices)])
+    rewrite_layout(root, hex_digest, forged)
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, IntLists)
     assert found == rc.Found(value=value)
 
@@ -230,9 +215,7 @@ async def test_a_top_level_span_over_a_nested_array_changes_nothing(
     end = data.index(b"]", start) + 1
     forged = encode_layout([Span(None, start, end, ((start + 1, end - 1),))])
     hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
-    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
-    with sqlite3.connect(index) as conn:
-        conn.execute("UPDATE entries SET layout = ? WHERE key = ?", (forged, hex_digest))
+    rewrite_layout(store_root(workspace), hex_digest, forged)
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, schema)
     assert found == rc.Found(value=value)
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import sqlite3
-from pathlib import Path
 from typing import Annotated
 
 import anyio
@@ -24,7 +22,7 @@ from response_compaction._slices import (
     open_layout,
     seal_layout,
 )
-from response_compaction._store import ROOT_NAME
+from tests._store_support import rewrite_layout, store_root, stored_layout
 from tests.schemas import FALLBACK, Summary
 from tests.test_slices import CountingCheckpoint
 
@@ -215,12 +213,7 @@ async def test_a_large_dict_round_trips_through_the_store(
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Strings)
     assert found == rc.Found(value=value)
     hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
-    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
-    with sqlite3.connect(index) as conn:
-        (stored,) = conn.execute(
-            "SELECT layout FROM entries WHERE key = ?", (hex_digest,)
-        ).fetchone()
-    span = _mapping_span(decode_layout(stored))
+    span = _mapping_span(decode_layout(stored_layout(store_root(workspace), hex_digest)))
     assert span.field == "labels"
     assert len(span.slices) > 1
 
@@ -236,20 +229,14 @@ async def test_a_forged_mapping_span_in_the_index_cannot_change_the_value(
     compacted = await rc.response_compact(harness, value, TwoMaps, Summary, OPTIONS)
     assert compacted.receipt.exact_bytes > 1 << 20
     hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
-    index = Path(workspace.workspace_temp_dir()) / ROOT_NAME / "index.sqlite3"
-    with sqlite3.connect(index) as conn:
-        (stored,) = conn.execute(
-            "SELECT layout FROM entries WHERE key = ?", (hex_digest,)
-        ).fetchone()
-        spans = decode_layout(stored)
-        assert sorted((str(s.field), s.mapping) for s in spans) == [
-            ("first", True),
-            ("second", True),
-        ]
-        names = {"first": "second", "second": "first"}
-        swapped = [Span(names[str(s.field)], s.start, s.end, s.slices, mapping=True) for s in spans]
-        conn.execute(
-            "UPDATE entries SET layout = ? WHERE key = ?", (encode_layout(swapped), hex_digest)
-        )
+    root = store_root(workspace)
+    spans = decode_layout(stored_layout(root, hex_digest))
+    assert sorted((str(s.field), s.mapping) for s in spans) == [
+        ("first", True),
+        ("second", True),
+    ]
+    names = {"first": "second", "second": "first"}
+    swapped = [Span(names[str(s.field)], s.start, s.end, s.slices, mapping=True) for s in spans]
+    rewrite_layout(root, hex_digest, encode_layout(swapped))
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, TwoMaps)
     assert found == rc.Found(value=value)
