@@ -40,6 +40,10 @@ WORKER_VERIFY_BYTES = 512 << 10
 #: Decoding more bytes than this in the caller's process pauses the cyclic GC meanwhile:
 #: a full collection over a freshly decoded tree can cost more than the decode itself.
 GC_PAUSE_BYTES = 64 << 10
+#: Up to this many bytes are decoded in one call even when a layout would cut them: slices,
+#: the cut arrays' markers and the outer document cost more than they save (1 MB of short
+#: strings: about 1.5x a whole decode), and the whole holds the GIL for a few milliseconds.
+WHOLE_DECODE_BYTES = 2 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,8 @@ async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> An
         return decode_exact(data, schema)
     with paused_gc():
         async with cpu_turn():
+            if len(data) <= WHOLE_DECODE_BYTES:
+                return decode_exact(data, schema)
             return await decode_sliced(data, schema, spans, next_turn)
 
 
