@@ -1,23 +1,24 @@
-"""Values of up to a few MB, whole in memory: the streaming algorithm in three hops.
+"""Values of up to a few MB, whole in memory: the streaming algorithm in one hop.
 
 The call-by-call algorithm (``_stepwise``) takes about ten worker-thread hops per value (open
 the temp directory, open the file, a write per piece, fsync, open, read and close to read it
 back, a hash, the index, the publish, the closes), and verifies a value over half a megabyte in
 a worker process, a round trip of about 2 ms. For 1 MB that was a third of the time the work
 itself takes. A value the encoder gave whole (up to ``MEDIUM_BYTES``) goes through the same
-steps in the same order, with the same checks, in fewer calls:
+steps in the same order, with the same checks, in one worker-thread call (:func:`_store_here`):
+create the temp file, write every piece (looping on short writes) and hash it, hand its fsync
+to a syncer thread, read it back by name, check its keyed digest, decode it against the schema
+(GC paused), wait for the fsync, then publish it (rename, directory fsync, row). The read-back
+sees the bytes written whether or not they are on disk yet, and nothing is published before
+the fsync and the verification both ended. The syncer is started before the decode because
+msgspec holds the GIL while it decodes: a thread asked for the fsync afterwards only began
+once the decode was over, so the two ran one after the other.
 
-1. one call creates the temp file, writes every piece (looping on short writes) and hashes it;
-2. its fsync runs beside the verification (read back by name, keyed digest, schema), as in
-   the streaming algorithm: the read-back sees the bytes written whether or not they are on
-   disk yet, and nothing is published before both end;
-3. the publish (rename, directory fsync, row), in a group commit with this loop's others.
-
-The verification runs in a worker thread of this process when this loop stores no other
-value meanwhile: decoding a few MB holds the GIL for a few milliseconds, which the caller's
-loop can spare, and the value a receipt hands back is that decode's. When others are being
-stored, it goes to the pool's worker processes (``_verifiers``), so that many values at once
-use every core; the caller's thread does it when no worker of this loop is free.
+That is for a value stored alone on its event loop: decoding a few MB holds the GIL for a few
+milliseconds, which the caller's loop can spare, and the value a receipt hands back is that
+decode's, decoded once. While others are being stored on the loop (and nobody wants the value
+back), the pool's worker processes verify it instead (``_verifiers``), so that many values at
+once use every core, and the publish joins the loop's group commit (``_group``).
 
 Only the library's own file backends take this path; an injected backend (the tests' fault
 seam) gets the streaming algorithm, call by call.
@@ -32,8 +33,8 @@ import functools
 import os
 import secrets
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -43,8 +44,9 @@ from .._digest import new_hasher
 from .._errors import map_errors
 from .._perf import paused_gc
 from . import _index
-from ._commit import Publication
+from ._commit import Publication, publish
 from ._group import publish_grouped
+from ._index import IndexBusy
 from ._paths import FILE_FLAGS, Kind, open_dir, regular_opener, unlink_quietly
 from ._stepwise import INDEX_ERRORS, Stepwise, Stored
 from ._turns import others_storing
@@ -52,8 +54,8 @@ from ._verify import WORKER_VERIFY_BYTES, check_digest
 
 __all__ = ["MEDIUM_BYTES", "Medium"]
 
-#: Values up to this size are gathered whole on the loop and stored in three hops; decoding
-#: this much holds the GIL for about 5-10 ms, reading it back from the page cache far less.
+#: Values up to this size are gathered whole on the loop and stored in one hop; decoding this
+#: much holds the GIL for about 5-10 ms, reading it back from the page cache far less.
 MEDIUM_BYTES = 2 << 20
 #: Syncer threads: a few fsyncs at once keep a disk busy; more only queue in the kernel.
 SYNCERS = 4
@@ -167,21 +169,55 @@ def _write_temp(
     return temp, hasher.hexdigest()
 
 
-def _write_verified(
-    tmp_path: str, name: str, pieces: Sequence[bytes | memoryview], size: int, schema: Any,
-    key: bytes,
-) -> tuple[_Temp, str, Any]:  # fmt: skip
-    """Blocking: :func:`_write_temp`, then :func:`_verify_temp`: (temp, digest, value).
+class _Done(NamedTuple):
+    """What :func:`_store_here` did: the digest, the value, and whether the key was live.
 
-    The temp file is discarded if it does not verify (``ValueError``) or anything else fails.
+    ``reused`` None: the index was busy (another process holds its write lock), so the
+    verified temp file is left for the caller to publish patiently, its directory fd open.
     """
-    temp, hex_digest = _write_temp(tmp_path, name, pieces, key)
+
+    temp: _Temp
+    hex_digest: str
+    value: Any
+    reused: bool | None
+
+
+def _store_here(
+    root: str, name: str, pieces: Sequence[bytes | memoryview], size: int, schema: Any,
+    key: bytes, want_value: bool, item: Callable[[str], Publication],
+) -> _Done:  # fmt: skip
+    """Blocking: write, verify and publish in this one worker thread (see the module docstring).
+
+    ``item`` makes the publication from the digest. The temp file is discarded if it does
+    not verify (``ValueError``) or anything else fails. A value nobody wants is freed here.
+    """
+    temp, hex_digest = _write_temp(os.path.join(root, "tmp"), name, pieces, key)
     try:
         value = _verify_temp(temp, hex_digest, size, schema, key)
+        if not want_value:
+            value = None
+        reused = _publish_now(root, item(hex_digest))
+        if reused is None:
+            return _Done(temp, hex_digest, value, None)
     except BaseException:
         temp.discard(published=False)
         raise
-    return temp, hex_digest, value
+    os.close(temp.dir_fd)  # a directory's fd: nothing to flush
+    return _Done(temp, hex_digest, value, reused)
+
+
+def _publish_now(root: str, publication: Publication) -> bool | None:
+    """Blocking: :func:`publish` at once; None if the index is busy (another process)."""
+    try:
+        with map_errors(INDEX_ERRORS):
+            index = _index.acquire(root)
+        try:
+            with map_errors(f"could not publish the {publication.kind} value in the store index"):
+                return publish(index, *publication)
+        finally:
+            _index.release(index)
+    except IndexBusy:
+        return None
 
 
 def _write_all(fd: int, piece: bytes | memoryview) -> None:
@@ -214,7 +250,7 @@ def _verify_temp(temp: _Temp, hex_digest: str, size: int, schema: Any, key: byte
 
 
 class Medium(Stepwise):
-    """The put of a value whole in memory in two or three hops (see the module docstring)."""
+    """The put of a value whole in memory (see the module docstring)."""
 
     async def _put_medium(
         self,
@@ -229,47 +265,72 @@ class Medium(Stepwise):
         want_value: bool,
     ) -> Stored:
         name = f"{secrets.token_hex(12)}.tmp"
-        tmp_path = os.path.join(self.root, "tmp")
+        item = functools.partial(self._item, kind, key, name, size, layout, ttl_seconds,
+                                 max_entries)  # fmt: skip
         backend = self._backend
-        # A worker process verifies only a value nobody wants back (it would be decoded
-        # twice), and only while others are being stored on this loop.
-        elsewhere = not want_value and size >= WORKER_VERIFY_BYTES and others_storing()
         with map_errors(f"could not retain the {kind} value"):
-            if elsewhere:
-                temp, hex_digest = await backend.run(_write_temp, tmp_path, name, pieces, self._key)
-                verified: list[Any] = []
+            # A worker process verifies only a value nobody wants back (it would be decoded
+            # twice), and only while others are being stored on this loop.
+            if not want_value and size >= WORKER_VERIFY_BYTES and others_storing():
+                return await self._put_elsewhere(name, pieces, size, schema, item)
+            done = await backend.run(
+                _store_here, self.root, name, pieces, size, schema, self._key, want_value, item
+            )
+            reused = done.reused
+            if reused is None:  # the index was busy: publish patiently, then clean up
+                reused = await self._publish_temp(done.temp, item(done.hex_digest))
+        return Stored(hex_digest=done.hex_digest, size=size, reused=reused, value=done.value)
+
+    def _item(
+        self,
+        kind: Kind,
+        key: str | None,
+        name: str,
+        size: int,
+        layout: list[Span] | None,
+        ttl_seconds: int,
+        max_entries: int,
+        hex_digest: str,
+    ) -> Publication:
+        """The publication of temp file ``name`` once its digest is known (any thread)."""
+        now = self.clock()
+        entry = key or hex_digest
+        row = self._new_row(kind, entry, hex_digest, size, now + ttl_seconds, layout)
+        return Publication(name, kind, entry, row, now, max_entries)
+
+    async def _put_elsewhere(
+        self,
+        name: str,
+        pieces: Sequence[bytes | memoryview],
+        size: int,
+        schema: Any,
+        item: Callable[[str], Publication],
+    ) -> Stored:
+        """Write here, verify in a pool worker, publish in a group commit (many at once)."""
+        tmp_path = os.path.join(self.root, "tmp")
+        temp, hex_digest = await self._backend.run(_write_temp, tmp_path, name, pieces, self._key)
+        try:
+            await self._verify_elsewhere(temp, hex_digest, size, schema)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._backend.run(functools.partial(temp.discard, published=False))
+            raise
+        reused = await self._publish_temp(temp, item(hex_digest))
+        return Stored(hex_digest=hex_digest, size=size, reused=reused)
+
+    async def _publish_temp(self, temp: _Temp, publication: Publication) -> bool:
+        """Publish the verified ``temp`` (group commit, patient), then let go of it."""
+        published = False
+        try:
+            reused = await self._publish_item(publication)
+            published = True
+        finally:
+            if published:
+                os.close(temp.dir_fd)  # a directory's fd: nothing to flush
             else:
-                temp, hex_digest, value = await backend.run(
-                    _write_verified, tmp_path, name, pieces, size, schema, self._key
-                )
-                verified = [value]
-                del value  # ``verified`` holds the only reference (see below)
-            published = False
-            try:
-                if elsewhere:
-                    await self._verify_elsewhere(temp, hex_digest, size, schema)
-                now = self.clock()
-                entry = key or hex_digest
-                row = self._new_row(kind, entry, hex_digest, size, now + ttl_seconds, layout)
-                reused = await self._publish_item(
-                    Publication(name, kind, entry, row, now, max_entries)
-                )
-                published = True
-            finally:
-                if published:
-                    os.close(temp.dir_fd)  # a directory's fd: nothing to flush
-                else:
-                    with anyio.CancelScope(shield=True):
-                        await backend.run(functools.partial(temp.discard, published=False))
-        stored = Stored(hex_digest=hex_digest, size=size, reused=reused,
-                        value=verified[0] if want_value else None)  # fmt: skip
-        if verified and not want_value:
-            # Freeing a decoded tree nobody asked for holds the GIL for about a millisecond a
-            # megabyte: a syncer thread frees it once the entry is published and the caller
-            # has its receipt, as a caller frees a value it was handed.
-            with contextlib.suppress(RuntimeError):  # shutting down: freed here instead
-                _syncers().submit(verified.clear)
-        return stored
+                with anyio.CancelScope(shield=True):
+                    await self._backend.run(functools.partial(temp.discard, published=False))
+        return reused
 
     async def _verify_elsewhere(self, temp: _Temp, hex_digest: str, size: int, schema: Any) -> None:
         """Verify in a pool worker, or in a thread here when none is free; ``ValueError``."""
