@@ -230,7 +230,7 @@ class _Stream:
         slices: list[tuple[int, int]] = []
         counts: list[int] = []
         start, step, count = 0, _FIRST_SLICE, len(seq)
-        whole = self.one_piece(seq, count)
+        whole = self.one_piece(seq, count, self.piece_bytes)
         if whole is not None:
             began = self.pos
             yield self.emit(memoryview(whole)[1:-1])
@@ -265,7 +265,9 @@ class _Stream:
         # concatenate into the same order a whole encoding uses.
         opened = self.pos
         yield self.emit(b"{")
-        whole = self.one_piece(mapping, len(mapping))
+        # An object left whole is decoded with the rest of its document, twice over (its
+        # field check, then the outer decode): it gets the same smaller share as its slices.
+        whole = self.one_piece(mapping, len(mapping), self.piece_bytes // _MAPPING_SHARE)
         if whole is not None:  # one slice: no span (see below)
             yield self.emit(memoryview(whole)[1:-1])
             yield self.emit(b"}")
@@ -300,13 +302,16 @@ class _Stream:
             span = Span(field, opened, self.pos, tuple(slices), tuple(counts), mapping=True)
             self.spans.append(span)
 
-    def one_piece(self, items: list[Any] | tuple[Any, ...] | dict[str, Any], count: int) -> Any:
+    def one_piece(
+        self, items: list[Any] | tuple[Any, ...] | dict[str, Any], count: int, piece_bytes: int
+    ) -> Any:
         """The whole encoding of a long array or object that a spread sample says is small.
 
         None for fewer than ``_SAMPLE_ITEMS ** 2`` items (the sample would cost more than a
         sixteenth of the encoding; slices of so few items cost nothing to cut), or when the
-        sample projects more than ``_WHOLE_PIECES`` pieces: it is then sliced (the sample is a
-        few items, so the regular path meets any problem with it again, and reports it).
+        sample projects more than ``_WHOLE_PIECES`` times ``piece_bytes``: it is then sliced
+        (the sample is a few items, so the regular path meets any problem with it again, and
+        reports it).
         """
         if count < _SAMPLE_ITEMS * _SAMPLE_ITEMS:
             return None
@@ -320,7 +325,7 @@ class _Stream:
             sampled = len(ENCODER.encode(sample))
         except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
             return None
-        if sampled * count > _WHOLE_PIECES * self.piece_bytes * _SAMPLE_ITEMS:
+        if sampled * count > _WHOLE_PIECES * piece_bytes * _SAMPLE_ITEMS:
             return None
         return encode_checked(items)
 

@@ -85,13 +85,21 @@ def test_a_spread_sample_sees_large_items_at_the_end() -> None:
 
 
 def test_a_dict_the_sample_calls_small_is_one_piece_without_a_span() -> None:
-    """A 1000-key dict projected under two pieces is written whole, with no mapping span."""
-    value = {f"k{i:05d}": i for i in range(1000)}  # about 12 KB
+    """A dict projected under half a piece is written whole, with no mapping span; one over it
+    is sliced (an object left whole is decoded with the rest of its document on reads)."""
+    small = {f"k{i:05d}": i for i in range(1000)}  # about 12 KB against 64 KB pieces
     layout: list[Span] = []
-    pieces = [bytes(p) for p in iter_canonical(value, 16 << 10, layout)]
-    assert b"".join(pieces) == msgspec.json.encode(value, order="sorted")
+    pieces = [bytes(p) for p in iter_canonical(small, 64 << 10, layout)]
+    assert b"".join(pieces) == msgspec.json.encode(small, order="sorted")
     assert layout == []
     assert len(pieces) == 3  # the brace, every member, the brace
+    large = {f"k{i:05d}": i for i in range(4000)}  # about 50 KB: over half a 64 KB piece
+    layout = []
+    data = b"".join(bytes(p) for p in iter_canonical(large, 64 << 10, layout))
+    assert data == msgspec.json.encode(large, order="sorted")
+    (span,) = layout
+    assert span.mapping
+    assert len(span.slices) > 1
 
 
 def test_a_medium_value_is_one_piece_at_the_default_size() -> None:
