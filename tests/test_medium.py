@@ -21,9 +21,13 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 import response_compaction as rc
 from response_compaction import _pool
 from response_compaction._canonical import PIECE_BYTES, Span, iter_canonical
+from response_compaction._digest import digest_hex
 from response_compaction._store._medium import MEDIUM_BYTES
 from response_compaction._store._turns import storing
+from response_compaction._store._verify import DIGEST_BESIDE_BYTES, checked_decode
 from tests._store_support import (
+    TEST_KEY,
+    canonical,
     compact,
     entry_files,
     entry_path,
@@ -230,3 +234,21 @@ async def test_a_busy_index_leaves_the_verified_value_to_a_patient_publish(
     assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Found(
         value=value
     )
+
+
+@pytest.mark.parametrize("rows", [MEDIUM_ROWS, 80_000], ids=["in turn", "beside"])
+def test_a_checked_decode_reports_the_digest_before_the_schema(rows: int) -> None:
+    """Digest beside the decode or not: the value when both hold, a digest or length mismatch
+    over any decode problem, and the decode problem when only the schema fails."""
+    good, bad = big_exact(rows), Exact(rows=big_exact(rows).rows, total=-1)
+    good_data, bad_data = canonical(good), canonical(bad)
+    assert (len(bad_data) >= DIGEST_BESIDE_BYTES) == (rows == 80_000)
+    good_hex, bad_hex = digest_hex(TEST_KEY, good_data), digest_hex(TEST_KEY, bad_data)
+    assert checked_decode(good_data, good_hex, len(good_data), Exact, TEST_KEY) == good
+    with pytest.raises(ValueError, match=r">= 0 - at `\$\.total`"):
+        checked_decode(bad_data, bad_hex, len(bad_data), Exact, TEST_KEY)
+    for data, wrong in ((bad_data, good_hex), (good_data, bad_hex)):
+        with pytest.raises(ValueError, match="do not match their digest"):
+            checked_decode(data, wrong, len(data), Exact, TEST_KEY)
+    with pytest.raises(ValueError, match="not as long"):
+        checked_decode(bad_data, bad_hex, len(bad_data) + 1, Exact, TEST_KEY)

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import anyio
 
 from .. import _pool, _verifiers
-from .._canonical import Span, decode_exact
+from .._canonical import Span
 from .._digest import new_hasher
 from .._errors import map_errors
 from .._perf import paused_gc
@@ -50,7 +50,7 @@ from ._index import IndexBusy
 from ._paths import FILE_FLAGS, Kind, open_dir, regular_opener, unlink_quietly
 from ._stepwise import INDEX_ERRORS, Stepwise, Stored
 from ._turns import others_storing
-from ._verify import WORKER_VERIFY_BYTES, check_digest
+from ._verify import WORKER_VERIFY_BYTES, checked_decode
 
 __all__ = ["MEDIUM_BYTES", "Medium"]
 
@@ -242,9 +242,8 @@ def _verify_temp(temp: _Temp, hex_digest: str, size: int, schema: Any, key: byte
             data += chunk
     finally:
         os.close(fd)
-    check_digest(data, hex_digest, size, key)
     with paused_gc():  # a young collection over the fresh tree costs more than the decode
-        value = decode_exact(data, schema)
+        value = checked_decode(data, hex_digest, size, schema, key)
     temp.wait_synced()
     return value
 
