@@ -249,9 +249,7 @@ def _decoded(
     """The slice's value; None when the cut is not between two members."""
     try:
         part: list[Any] | dict[str, Any] = decoder.decode(chunk)
-    except msgspec.DecodeError:
-        return None  # a wrong cut, or malformed text (then the whole decode says where)
-    except msgspec.ValidationError as exc:
+    except msgspec.ValidationError as exc:  # first: it is a subclass of DecodeError
         try:
             _structural(mapping).decode(chunk)
         except msgspec.DecodeError:
@@ -259,6 +257,8 @@ def _decoded(
         return SliceError(
             f"exact_response does not validate against exact_schema: {content_free(exc)}"
         )
+    except msgspec.DecodeError:
+        return None  # a wrong cut, or malformed text (then the whole decode says where)
     except RecursionError:
         return SliceError(TOO_DEEP)
     return part or None  # an empty slice would accept a stray comma (`[1,,2]`, `[1,]`)
