@@ -192,6 +192,9 @@ async def release(owned: list[Any], checkpoint: Callable[[], Awaitable[None]]) -
             del container[-step:]
         if not container:
             owned.pop()
+            step = _FIRST_STEP  # a dict's item costs far more to drop than a list's
+            await checkpoint()
+            continue
         elapsed = time.perf_counter() - began
         step = max(1, min(step * 4, int(step * _SLICE_SECONDS / max(elapsed, 1e-6))))
         await checkpoint()
