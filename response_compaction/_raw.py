@@ -45,7 +45,7 @@ _HEAD_GAP = 16 * SLICE_BYTES
 _WS = rb"[ \t\n\r]*"
 _SKIP_WS = re.compile(_WS)
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_MISSING = "Object missing required field"
+_MISSING = re.compile(r"Object missing required field `[^`]*`")
 
 Checkpoint = Callable[[], Awaitable[None]]
 
@@ -199,7 +199,9 @@ def _clean(before: bytes, schema: Any) -> bool:
     try:
         _decoder(schema).decode(before)
     except msgspec.ValidationError as exc:
-        return str(exc).startswith(_MISSING)  # reported at the object's end: after the slice
+        # A top-level field missing from the text cut short (no path: the root) is reported
+        # at the object's end, after the slice; a nested object's is not.
+        return _MISSING.fullmatch(str(exc)) is not None
     except (msgspec.DecodeError, RecursionError):
         return False
     return True

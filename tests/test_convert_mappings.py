@@ -293,3 +293,29 @@ def test_edits_anywhere_in_the_dict_answer_as_the_whole(edit: str, where: int) -
     except ValueError as exc:
         got = str(exc)
     assert got == expected
+
+
+class Meta(msgspec.Struct, frozen=True):
+    x: int
+
+
+class WithMeta(msgspec.Struct, frozen=True):
+    meta: Meta
+    labels: dict[str, Cell]
+
+
+async def test_a_nested_missing_field_before_the_dict_comes_first() -> None:
+    """A nested object missing a field before the dict is named first, as by the whole."""
+    plain = {"meta": {}, "labels": _mixed()["labels"]}
+    plain["labels"][DEEP]["n"] = "x"
+    message = await _same_error(msgspec.Raw(msgspec.json.encode(plain)), WithMeta)
+    assert "missing required field `x` - at `$.meta`" in message
+
+
+async def test_a_missing_top_level_field_comes_after_the_dict() -> None:
+    """A top-level field missing and a bad member in the dict: the member is named first."""
+    plain = _mixed()
+    del plain["title"]
+    plain["labels"][DEEP]["n"] = "x"
+    message = await _same_error(msgspec.Raw(msgspec.json.encode(plain)), Mixed)
+    assert "`$.labels[...].n`" in message
