@@ -111,6 +111,15 @@ async def test_big_dict_and_lists_give_the_whole_value(kind: str) -> None:
     assert checkpoint.calls > 8  # the whole conversion has none
 
 
+async def test_pretty_printed_text_is_cut_alike() -> None:
+    """Whitespace around every member and element changes neither the cuts nor the value."""
+    text = msgspec.json.format(_text(), indent=2)
+    value, owned = await convert_exact(msgspec.Raw(text), Mixed, CountingCheckpoint())
+    assert value == to_exact_value(msgspec.Raw(_text()), Mixed)
+    assert owned is not None
+    assert len(owned) == 3
+
+
 @pytest.mark.parametrize("kind", ["builtins", "raw"])
 async def test_a_top_level_dict_is_cut(kind: str) -> None:
     """A top-level ``dict[str, V]`` input is cut too, and gives the same mapping."""
