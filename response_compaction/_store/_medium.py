@@ -98,6 +98,10 @@ class _Temp:
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
 
+    def synced_already(self) -> bool:
+        """Whether the syncer has fsynced and closed the file (or failed to) by now."""
+        return self.synced is not None and self.synced.done()
+
     def wait_synced(self) -> None:
         """Blocking: wait for the fsync and close; raise ``OSError`` if either failed."""
         if self.synced is None:
@@ -338,7 +342,10 @@ class Medium(Stepwise):
         if problem is _pool.NOT_DONE:
             await self._backend.run(_verify_temp, temp, hex_digest, size, schema, self._key)
             return
-        await self._backend.run(temp.wait_synced)
+        if temp.synced_already():
+            temp.wait_synced()  # done: only its outcome to read, no hop
+        else:
+            await self._backend.run(temp.wait_synced)
         if problem is not None:
             raise ValueError(problem)
 
