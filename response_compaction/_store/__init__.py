@@ -38,6 +38,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import anyio.lowlevel
+
 from .. import _pool
 from .._canonical import Span, decode_exact
 from .._digest import digest_hex, digest_of
@@ -322,7 +324,9 @@ async def _gather_more(
 ) -> tuple[int, Iterator[bytes | memoryview] | None]:
     """Go on consuming ``it`` into ``head`` up to ``limit`` bytes, one loop turn per piece.
 
-    Returns the size gathered and the rest, or None when ``it`` ended.
+    Returns the size gathered and the rest, or None when ``it`` ended. After a large piece
+    the loop gets a turn, as it does between the writes of a streamed value: back to back,
+    the pieces of a large value froze a 10 MB compaction's loop for 12-17 ms instead of 5-10.
     """
     turn = cpu_turn()
     while size <= limit:
@@ -332,4 +336,6 @@ async def _gather_more(
             return size, None
         head.append(piece)
         size += len(piece)
+        if len(piece) >= SMALL_BYTES:
+            await anyio.lowlevel.checkpoint()
     return size, it
