@@ -7,8 +7,10 @@ one-hop paths of ``_oneshot``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
+from ._aside import Aside
 from ._index import Index, Row, Transaction
 from ._paths import KINDS, Kind
 from ._tree import Dirs
@@ -20,18 +22,43 @@ EXPIRED_PER_COMMIT = 64
 
 
 def publish(
-    index: Index, temp_name: str, kind: Kind, key: str, row: Row, now: float, max_entries: int
+    index: Index,
+    temp_name: str,
+    kind: Kind,
+    key: str,
+    row: Row,
+    now: float,
+    max_entries: int,
+    *,
+    synced: Callable[[], None] | None = None,
 ) -> bool:
     """Rename the verified temp file into place, record it and evict, under the write lock.
 
-    Returns whether ``key`` was live before.
+    ``synced``, if given, returns once the temp file's own fsync has (raising its error): it
+    may still run while the transaction's statements do, never past the rename. The fan-out
+    directory's fsync runs beside the COMMIT (the index's own fsync); both have returned when
+    this does. A row made durable before its directory entry is harmless: nobody is handed a
+    receipt until both are, and a row whose file is absent reads Missing (and is rewritten by
+    the next put of its value). Returns whether ``key`` was live before.
     """
-    with index.transaction() as tx, Dirs(index.root) as dirs:
-        tx.saw(now)
-        reused = tx.is_live(kind, key, now)
-        dirs.publish(temp_name, kind, key)
-        tx.upsert(kind, key, row, now)
-        _evict(tx, dirs, kind, key, now, max_entries)
+    with Dirs(index.root) as dirs:
+        dir_sync: Aside | None = None
+        try:
+            with index.transaction() as tx:
+                tx.saw(now)
+                reused = tx.is_live(kind, key, now)
+                tx.upsert(kind, key, row, now)
+                victims = _victims(tx, kind, key, now, max_entries)
+                if synced is not None:
+                    synced()
+                dirs.publish(temp_name, kind, key, sync=False)
+                dir_sync = Aside(dirs.fanout(kind, key))
+                # Files go only once the rename is done: a failed one rolls back every row.
+                for victim_kind, victim_key in victims:
+                    dirs.unlink(victim_kind, victim_key)
+        finally:
+            if dir_sync is not None:
+                dir_sync.wait()  # before Dirs closes the fan-out fd it syncs
     return reused
 
 
@@ -99,10 +126,18 @@ def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries:
 
 
 def _evict(tx: Transaction, dirs: Dirs, kind: Kind, key: str, now: float, bound: int) -> None:
+    for victim_kind, victim_key in _victims(tx, kind, key, now, bound):
+        dirs.unlink(victim_kind, victim_key)
+
+
+def _victims(
+    tx: Transaction, kind: Kind, key: str, now: float, bound: int
+) -> list[tuple[Kind, str]]:
+    """Delete the rows to evict for ``key``'s sake; their files are the caller's to unlink."""
     victims = tx.victims((kind,), now, bound, keep=key, expired_limit=EXPIRED_PER_COMMIT)
     for victim_kind, victim_key in victims:
         tx.delete(victim_kind, victim_key)
-        dirs.unlink(victim_kind, victim_key)
+    return victims
 
 
 def prune_all(index: Index, now: float, max_entries: int | None) -> int:

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from .._canonical import decode_exact
 from .._errors import UnsafeStoreError, map_errors
 from . import _index
+from ._aside import Aside
 from ._commit import publish, renew
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import (
@@ -151,15 +152,21 @@ def _write_new(
         )
         try:
             _write_all(fd, data)
-            os.fsync(fd)
+            # The fsync runs beside the read-back checks and the index's statements (they see
+            # the bytes written, on disk or not); publish waits for it before the rename.
+            synced = Aside(fd)
+            try:
+                back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more: longer?
+                check_digest(back, digest[0], len(data), digest[1])
+                value = decode_exact(back, schema)
+                with map_errors(f"could not publish the {kind} value in the store index"):
+                    reused = publish(index, temp_name, kind, key, row, now, max_entries,
+                                     synced=synced.wait)  # fmt: skip
+                published = True
+            finally:
+                synced.wait()  # whatever happened, the fd is closed only after its fsync
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
-        back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
-        check_digest(back, digest[0], len(data), digest[1])
-        value = decode_exact(back, schema)
-        with map_errors(f"could not publish the {kind} value in the store index"):
-            reused = publish(index, temp_name, kind, key, row, now, max_entries)
-        published = True
     finally:
         if not published:
             unlink_quietly(temp_name, tmp_fd)

@@ -1,0 +1,79 @@
+"""An fsync run beside the caller's work, in a helper thread of this process.
+
+An fsync is a wait for the disk, not work: while it runs, the thread that asked can go on with
+whatever does not depend on it. A small put has three (the temp file, the fan-out directory
+after the rename, the index's WAL at COMMIT); run one after another they were most of its
+time. The order that makes a value durable is kept: the file's fsync ends before its rename
+(a name made durable before its bytes could survive a crash as an empty file), and no receipt
+is handed until every fsync has returned. What may overlap is only what does not depend on it:
+the read-back checks and the index's statements beside the file's fsync, the directory's fsync
+beside the index's COMMIT (ext4 commits both in one journal transaction).
+
+A failed fsync is raised by :meth:`Aside.wait`, so a failure to retain still fails the call.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+
+__all__ = ["MAX_THREADS", "Aside"]
+
+#: Helper threads at most (each waits on one fsync at a time; they exit with the interpreter).
+MAX_THREADS = 4
+
+_pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_lock = threading.Lock()
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    held = _pool
+    if held is None or held[0] != os.getpid():  # a forked child has none of the threads
+        with _lock:
+            if _pool is None or _pool[0] != os.getpid():
+                _pool = (
+                    os.getpid(),
+                    concurrent.futures.ThreadPoolExecutor(
+                        MAX_THREADS, thread_name_prefix="response-compaction-fsync"
+                    ),
+                )
+            held = _pool
+    return held[1]
+
+
+def _forget_in_child() -> None:
+    global _lock, _pool
+    _lock = threading.Lock()  # it may have been held by a thread that does not exist here
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _fsync(fd: int) -> None:
+    os.fsync(fd)  # looked up per call: tests record fsyncs by replacing os.fsync
+
+
+class Aside:
+    """``os.fsync(fd)`` started now in a helper thread; :meth:`wait` before ``fd`` is closed.
+
+    Runs in the calling thread when no helper can be had (the interpreter is shutting down).
+    """
+
+    __slots__ = ("_future",)
+
+    def __init__(self, fd: int) -> None:
+        self._future: concurrent.futures.Future[None] | None
+        try:
+            self._future = _executor().submit(_fsync, fd)
+        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+            self._future = None
+            _fsync(fd)
+
+    def wait(self) -> None:
+        """Return once the fsync has; raise its ``OSError`` (only to the first caller)."""
+        future, self._future = self._future, None
+        if future is not None:
+            future.result()
