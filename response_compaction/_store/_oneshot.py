@@ -111,7 +111,7 @@ def _renew_if_intact(
 ) -> Put | None:
     try:
         with map_errors(INDEX_ERRORS):
-            existing = index.lookup(kind, key, now)
+            existing = index.lookup(kind, key, now, writer=True)
     except CorruptRowError:
         return None  # the fresh write's upsert replaces the row
     if existing is None or existing.expires_at <= max(now, existing.attested):
