@@ -11,17 +11,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import response_compaction as rc
-from response_compaction._store import _aside, open_store
+from response_compaction._store import _aside, _index, open_store
+from response_compaction._store._commit import Publication, publish_all
 from tests._store_support import (
     FaultyBackend,
+    canonical,
     compact,
     entry_files,
     entry_path,
@@ -175,3 +179,41 @@ def test_an_fsync_error_is_raised_once_and_after_the_fsync_returned() -> None:
         aside.wait()
     assert raised.value.errno == errno.EBADF
     aside.wait()
+
+
+async def _temp_items(harness: rc.Harness, count: int) -> tuple[str, list[Publication]]:
+    """``count`` temp files in the store's ``tmp/``, each ready to publish under its own key."""
+    store = await open_store(harness.fs)
+    items = []
+    for i in range(count):
+        value = Exact(rows=[Row(id=i, name=f"row {i}")], total=1)
+        data, key = canonical(value), hex_of(value)
+        name = f"{secrets.token_hex(12)}.tmp"
+        (Path(store.root) / "tmp" / name).write_bytes(data)
+        items.append(
+            Publication(name, "exact", key, _index.Row(key, len(data), 1e12, None), 1.0, 100)
+        )
+    return store.root, items
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "eio"])
+async def test_a_group_commit_syncs_every_directory_beside_its_commit(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> None:
+    """publish_all fsyncs each renamed fan-out before it returns, and raises a failed fsync."""
+    root, items = await _temp_items(harness, 3)
+    fanouts = {item.key[:2] for item in items}
+    journal = Journal(fail=lambda fd: fail and _is_dir(fd))
+    index = _index.acquire(root)
+    try:
+        with journal.installed(monkeypatch):
+            if fail:
+                with pytest.raises(OSError, match="injected"):
+                    publish_all(index, items)
+            else:
+                assert publish_all(index, items) == [False, False, False]
+    finally:
+        _index.release(index)
+    outcome = "fsync-failed" if fail else "fsync-end"
+    assert journal.events.count((outcome, "dir")) == len(fanouts)
+    assert sum(e[0] == "rename" for e in journal.events) == len(items)

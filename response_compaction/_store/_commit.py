@@ -6,7 +6,6 @@ one-hop paths of ``_oneshot``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -84,22 +83,39 @@ def publish_all(index: Index, items: list[Publication]) -> list[bool | OSError]:
     """
     results: list[bool | OSError] = []
     renamed: set[int] = set()
-    with index.transaction() as tx, Dirs(index.root) as dirs:
-        for item in items:
-            tx.saw(item.now)
-            reused = tx.is_live(item.kind, item.key, item.now)
-            try:
-                dirs.publish(item.temp_name, item.kind, item.key, sync=False)
-            except OSError as exc:
-                results.append(exc)
-                continue
-            renamed.add(dirs.fanout(item.kind, item.key))
-            tx.upsert(item.kind, item.key, item.row, item.now)
-            _evict(tx, dirs, item.kind, item.key, item.now, item.max_entries)
-            results.append(reused)
-        for fd in renamed:
-            os.fsync(fd)
+    syncs: list[Aside] = []
+    with Dirs(index.root) as dirs:
+        try:
+            with index.transaction() as tx:
+                for item in items:
+                    tx.saw(item.now)
+                    reused = tx.is_live(item.kind, item.key, item.now)
+                    try:
+                        dirs.publish(item.temp_name, item.kind, item.key, sync=False)
+                    except OSError as exc:
+                        results.append(exc)
+                        continue
+                    renamed.add(dirs.fanout(item.kind, item.key))
+                    tx.upsert(item.kind, item.key, item.row, item.now)
+                    _evict(tx, dirs, item.kind, item.key, item.now, item.max_entries)
+                    results.append(reused)
+                # Beside the COMMIT, as in :func:`publish`; all have returned before any result.
+                syncs = [Aside(fd) for fd in renamed]
+        finally:
+            _wait_all(syncs)
     return results
+
+
+def _wait_all(syncs: list[Aside]) -> None:
+    """Wait for every one (their fds close next), then raise the first failure."""
+    failure: BaseException | None = None
+    for sync in syncs:
+        try:
+            sync.wait()
+        except BaseException as exc:  # re-raised below, once the others returned
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int) -> bool:
