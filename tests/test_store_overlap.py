@@ -1,7 +1,7 @@
-"""The fsyncs a put runs beside other work: the durable order kept, every failure still fatal.
+"""Work a put runs beside its fsyncs: the durable order kept, every failure still fatal.
 
-A small put runs its temp file's fsync beside the read-back checks and the index's statements,
-and its directory's fsync beside the index's COMMIT (``_store._aside``). These tests pin what
+A small put verifies its temp file's bytes in a helper thread while it fsyncs the file, and
+fsyncs its directory in a helper beside the index's COMMIT (``_store._aside``). These tests pin what
 that must not change: the file is synced before its name moves, both syncs have returned
 before the receipt, and a failing one of either fails the call with nothing half-kept.
 """
@@ -104,7 +104,7 @@ async def test_the_file_is_synced_before_its_rename_and_both_syncs_before_the_re
 async def test_a_failed_file_fsync_beside_the_checks_stores_nothing(
     harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """EIO from the temp file's fsync (run beside the checks) fails the put, leaving no trace."""
+    """EIO from the temp file's fsync (checks run beside it) fails the put, leaving no trace."""
     await compact(harness, B)
     root = store_root(harness.fs)
     journal = Journal(fail=lambda fd: not _is_dir(fd))
@@ -172,13 +172,14 @@ async def test_a_row_whose_file_never_reached_its_directory_is_written_again(
     assert entry_files(root) == {hex_of(A)}
 
 
-def test_an_fsync_error_is_raised_once_and_after_the_fsync_returned() -> None:
-    """Aside.wait raises the fsync's error to its first caller; later waits return at once."""
-    aside = _aside.Aside(1 << 30)  # no such fd: fsync fails with EBADF
+def test_work_aside_returns_its_result_and_raises_its_error() -> None:
+    """Aside.wait gives what the helper's call returned, or raises what it raised."""
+    assert _aside.Aside(sum, (1, 2, 3)).wait() == 6
+    failing = _aside.Aside(_aside.fsync, 1 << 30)  # no such fd: fsync fails with EBADF
+    failing.join()  # returns once done, raising nothing
     with pytest.raises(OSError, match="Bad file descriptor") as raised:
-        aside.wait()
+        failing.wait()
     assert raised.value.errno == errno.EBADF
-    aside.wait()
 
 
 async def _temp_items(harness: rc.Harness, count: int) -> tuple[str, list[Publication]]:

@@ -1,4 +1,4 @@
-"""An fsync run beside the caller's work, in a helper thread of this process.
+"""Work run beside a disk wait, in a helper thread of this process.
 
 An fsync is a wait for the disk, not work: while it runs, the thread that asked can go on with
 whatever does not depend on it. A small put has three (the temp file, the fan-out directory
@@ -6,10 +6,13 @@ after the rename, the index's WAL at COMMIT); run one after another they were mo
 time. The order that makes a value durable is kept: the file's fsync ends before its rename
 (a name made durable before its bytes could survive a crash as an empty file), and no receipt
 is handed until every fsync has returned. What may overlap is only what does not depend on it:
-the read-back checks and the index's statements beside the file's fsync, the directory's fsync
-beside the index's COMMIT (ext4 commits both in one journal transaction).
+the read-back checks beside the file's fsync, the directory's fsync beside the index's COMMIT.
 
-A failed fsync is raised by :meth:`Aside.wait`, so a failure to retain still fails the call.
+Whichever of the two needs the GIL goes to the helper: a helper thread waits for the GIL while
+the caller runs Python, so an fsync handed to it started 140 us late (median) while the caller
+verified; the caller's own fsync starts at once and leaves the GIL to the helper's checks. A
+failure in the helper is raised by :meth:`Aside.wait`, so a failure to retain still fails the
+call.
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
-__all__ = ["MAX_THREADS", "Aside"]
+__all__ = ["MAX_THREADS", "Aside", "fsync"]
 
-#: Helper threads at most (each waits on one fsync at a time; they exit with the interpreter).
+T = TypeVar("T")
+
+#: Helper threads at most (each runs one task at a time; they exit with the interpreter).
 MAX_THREADS = 4
 
 _pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
@@ -52,28 +59,34 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def _fsync(fd: int) -> None:
-    os.fsync(fd)  # looked up per call: tests record fsyncs by replacing os.fsync
+def fsync(fd: int) -> None:
+    """``os.fsync(fd)``, looked up per call: tests record fsyncs by replacing ``os.fsync``."""
+    os.fsync(fd)
 
 
-class Aside:
-    """``os.fsync(fd)`` started now in a helper thread; :meth:`wait` before ``fd`` is closed.
+class Aside(Generic[T]):
+    """``fn(*args)`` started now in a helper thread; :meth:`wait` for its result.
 
     Runs in the calling thread when no helper can be had (the interpreter is shutting down).
     """
 
-    __slots__ = ("_future",)
+    __slots__ = ("_future", "_value")
 
-    def __init__(self, fd: int) -> None:
-        self._future: concurrent.futures.Future[None] | None
+    def __init__(self, fn: Callable[..., T], *args: Any) -> None:
+        self._future: concurrent.futures.Future[T] | None
         try:
-            self._future = _executor().submit(_fsync, fd)
+            self._future = _executor().submit(fn, *args)
         except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
             self._future = None
-            _fsync(fd)
+            self._value = fn(*args)
 
-    def wait(self) -> None:
-        """Return once the fsync has; raise its ``OSError`` (only to the first caller)."""
-        future, self._future = self._future, None
-        if future is not None:
-            future.result()
+    def wait(self) -> T:
+        """``fn``'s result once it has returned; raises what it raised."""
+        if self._future is None:
+            return self._value
+        return self._future.result()
+
+    def join(self) -> None:
+        """Return once ``fn`` has, whatever it did (for a caller already failing)."""
+        if self._future is not None:
+            concurrent.futures.wait((self._future,))

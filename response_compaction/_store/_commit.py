@@ -6,10 +6,9 @@ one-hop paths of ``_oneshot``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
-from ._aside import Aside
+from ._aside import Aside, fsync
 from ._index import Index, Row, Transaction
 from ._paths import KINDS, Kind
 from ._tree import Dirs
@@ -28,30 +27,24 @@ def publish(
     row: Row,
     now: float,
     max_entries: int,
-    *,
-    synced: Callable[[], None] | None = None,
 ) -> bool:
     """Rename the verified temp file into place, record it and evict, under the write lock.
 
-    ``synced``, if given, returns once the temp file's own fsync has (raising its error): it
-    may still run while the transaction's statements do, never past the rename. The fan-out
-    directory's fsync runs beside the COMMIT (the index's own fsync); both have returned when
-    this does. A row made durable before its directory entry is harmless: nobody is handed a
-    receipt until both are, and a row whose file is absent reads Missing (and is rewritten by
-    the next put of its value). Returns whether ``key`` was live before.
+    The fan-out directory's fsync runs beside the COMMIT (the index's own fsync); both have
+    returned when this does. A row made durable before its directory entry is harmless: nobody
+    is handed a receipt until both are, and a row whose file is absent reads Missing (and is
+    written afresh by the next put of its value). Returns whether ``key`` was live before.
     """
     with Dirs(index.root) as dirs:
-        dir_sync: Aside | None = None
+        dir_sync: Aside[None] | None = None
         try:
             with index.transaction() as tx:
                 tx.saw(now)
                 reused = tx.is_live(kind, key, now)
                 tx.upsert(kind, key, row, now)
                 victims = _victims(tx, kind, key, now, max_entries)
-                if synced is not None:
-                    synced()
                 dirs.publish(temp_name, kind, key, sync=False)
-                dir_sync = Aside(dirs.fanout(kind, key))
+                dir_sync = Aside(fsync, dirs.fanout(kind, key))
                 # Files go only once the rename is done: a failed one rolls back every row.
                 for victim_kind, victim_key in victims:
                     dirs.unlink(victim_kind, victim_key)
@@ -83,7 +76,7 @@ def publish_all(index: Index, items: list[Publication]) -> list[bool | OSError]:
     """
     results: list[bool | OSError] = []
     renamed: set[int] = set()
-    syncs: list[Aside] = []
+    syncs: list[Aside[None]] = []
     with Dirs(index.root) as dirs:
         try:
             with index.transaction() as tx:
@@ -100,13 +93,13 @@ def publish_all(index: Index, items: list[Publication]) -> list[bool | OSError]:
                     _evict(tx, dirs, item.kind, item.key, item.now, item.max_entries)
                     results.append(reused)
                 # Beside the COMMIT, as in :func:`publish`; all have returned before any result.
-                syncs = [Aside(fd) for fd in renamed]
+                syncs = [Aside(fsync, fd) for fd in renamed]
         finally:
             _wait_all(syncs)
     return results
 
 
-def _wait_all(syncs: list[Aside]) -> None:
+def _wait_all(syncs: list[Aside[None]]) -> None:
     """Wait for every one (their fds close next), then raise the first failure."""
     failure: BaseException | None = None
     for sync in syncs:

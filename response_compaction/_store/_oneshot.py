@@ -152,25 +152,33 @@ def _write_new(
         )
         try:
             _write_all(fd, data)
-            # The fsync runs beside the read-back checks and the index's statements (they see
-            # the bytes written, on disk or not); publish waits for it before the rename.
-            synced = Aside(fd)
+            # The read-back checks run in a helper while this thread waits for the disk (they
+            # see the bytes written, on disk or not); both end before anything is published.
+            checked = Aside(_read_back, temp_name, tmp_fd, len(data), digest, schema)
             try:
-                back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more: longer?
-                check_digest(back, digest[0], len(data), digest[1])
-                value = decode_exact(back, schema)
-                with map_errors(f"could not publish the {kind} value in the store index"):
-                    reused = publish(index, temp_name, kind, key, row, now, max_entries,
-                                     synced=synced.wait)  # fmt: skip
-                published = True
-            finally:
-                synced.wait()  # whatever happened, the fd is closed only after its fsync
+                os.fsync(fd)
+            except BaseException:
+                checked.join()  # the fsync's error is the one to raise
+                raise
+            value = checked.wait()  # ValueError: the bytes do not validate
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
+        with map_errors(f"could not publish the {kind} value in the store index"):
+            reused = publish(index, temp_name, kind, key, row, now, max_entries)
+        published = True
     finally:
         if not published:
             unlink_quietly(temp_name, tmp_fd)
     return Put(reused=reused, value=value)
+
+
+def _read_back(
+    temp_name: str, tmp_fd: int, size: int, digest: tuple[str, bytes], schema: Any
+) -> Any:
+    """The temp file's bytes read back, digest-checked against ``digest`` and decoded."""
+    back = _read_regular(temp_name, tmp_fd, size)  # one byte more tells it is longer
+    check_digest(back, digest[0], size, digest[1])
+    return decode_exact(back, schema)
 
 
 def read_checked(
