@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import response_compaction as rc
@@ -116,6 +117,9 @@ async def test_a_failed_file_fsync_beside_the_checks_stores_nothing(
     assert index_rows(root) == {hex_of(B)}
     assert temp_files(root) == []
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
+    # The write lock staged beside the fsync was given back: the next put goes through at once.
+    with anyio.fail_after(5):
+        assert (await compact(harness, A)).receipt.exact_cache == "stored"
 
 
 async def test_a_failed_directory_fsync_beside_the_commit_gives_no_receipt(

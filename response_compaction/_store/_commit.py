@@ -13,7 +13,15 @@ from ._index import Index, Row, Transaction
 from ._paths import KINDS, Kind
 from ._tree import Dirs
 
-__all__ = ["Publication", "prune_all", "publish", "publish_all", "remove_entry", "renew"]
+__all__ = [
+    "Publication",
+    "Staged",
+    "prune_all",
+    "publish",
+    "publish_all",
+    "remove_entry",
+    "renew",
+]
 
 #: Expired rows deleted per commit, so one write never pays for a long-idle store's backlog.
 EXPIRED_PER_COMMIT = 64
@@ -30,28 +38,68 @@ def publish(
 ) -> bool:
     """Rename the verified temp file into place, record it and evict, under the write lock.
 
-    The fan-out directory's fsync runs beside the COMMIT (the index's own fsync); both have
-    returned when this does. A row made durable before its directory entry is harmless: nobody
-    is handed a receipt until both are, and a row whose file is absent reads Missing (and is
-    written afresh by the next put of its value). Returns whether ``key`` was live before.
+    Returns whether ``key`` was live before. See :class:`Staged`, which this runs whole.
     """
-    with Dirs(index.root) as dirs:
-        dir_sync: Aside[None] | None = None
+    return Staged(index, kind, key, row, now, max_entries).finish(temp_name)
+
+
+class _Abandoned(Exception):  # noqa: N818 - never raised out of here: it only rolls back
+    """Thrown into a staged transaction to roll it back."""
+
+
+class Staged:
+    """A publish in two halves: the index's statements now, the rename and COMMIT later.
+
+    Creating it takes the write lock (``BEGIN IMMEDIATE``) and runs the statements: clock,
+    upsert, the rows to evict. :meth:`finish` (possibly in another thread: the one-hop put
+    stages in its helper while it fsyncs the temp file) renames the file into place, fsyncs
+    the fan-out directory in a helper beside the COMMIT (the index's own fsync), unlinks the
+    evicted files and commits; both fsyncs have returned when it does. :meth:`abandon` rolls
+    back. A row made durable before its directory entry is harmless: nobody is handed a
+    receipt until both are, and a row whose file is absent reads Missing (and is written
+    afresh by the next put of its value).
+    """
+
+    def __init__(
+        self, index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int
+    ) -> None:
+        self.root, self.kind, self.key = index.root, kind, key
+        self._cm = index.transaction()
+        tx = self._cm.__enter__()
         try:
-            with index.transaction() as tx:
-                tx.saw(now)
-                reused = tx.is_live(kind, key, now)
-                tx.upsert(kind, key, row, now)
-                victims = _victims(tx, kind, key, now, max_entries)
-                dirs.publish(temp_name, kind, key, sync=False)
-                dir_sync = Aside(fsync, dirs.fanout(kind, key))
-                # Files go only once the rename is done: a failed one rolls back every row.
-                for victim_kind, victim_key in victims:
-                    dirs.unlink(victim_kind, victim_key)
-        finally:
-            if dir_sync is not None:
-                dir_sync.wait()  # before Dirs closes the fan-out fd it syncs
-    return reused
+            tx.saw(now)
+            #: Whether ``key`` was live before.
+            self.reused = tx.is_live(kind, key, now)
+            tx.upsert(kind, key, row, now)
+            self._victims = _victims(tx, kind, key, now, max_entries)
+        except BaseException as exc:
+            self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
+            raise
+
+    def finish(self, temp_name: str) -> bool:
+        """Publish the verified temp file and commit; returns :attr:`reused`."""
+        with Dirs(self.root) as dirs:
+            dir_sync: Aside[None] | None = None
+            try:
+                try:
+                    dirs.publish(temp_name, self.kind, self.key, sync=False)
+                    dir_sync = Aside(fsync, dirs.fanout(self.kind, self.key))
+                    # Files go only once the rename is done: a failed one rolls back every row.
+                    for victim_kind, victim_key in self._victims:
+                        dirs.unlink(victim_kind, victim_key)
+                except BaseException as exc:
+                    self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
+                    raise
+                self._cm.__exit__(None, None, None)  # COMMIT
+            finally:
+                if dir_sync is not None:
+                    dir_sync.wait()  # before Dirs closes the fan-out fd it syncs
+        return self.reused
+
+    def abandon(self) -> None:
+        """Roll back (the temp file was not made durable)."""
+        abandoned = _Abandoned()
+        self._cm.__exit__(_Abandoned, abandoned, None)
 
 
 class Publication(NamedTuple):

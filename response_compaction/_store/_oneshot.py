@@ -21,7 +21,7 @@ from .._canonical import decode_exact
 from .._errors import UnsafeStoreError, map_errors
 from . import _index
 from ._aside import Aside
-from ._commit import publish, renew
+from ._commit import Staged, renew
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import (
     FILE_FLAGS,
@@ -146,39 +146,67 @@ def _write_new(
     max_entries: int,
 ) -> Put:
     published = False
+    staged: Staged | None = None
     try:
         fd = os.open(
             temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd
         )
         try:
             _write_all(fd, data)
-            # The read-back checks run in a helper while this thread waits for the disk (they
-            # see the bytes written, on disk or not); both end before anything is published.
-            checked = Aside(_read_back, temp_name, tmp_fd, len(data), digest, schema)
+            # While this thread waits for the disk, a helper reads the bytes back and checks
+            # them (they see the bytes written, on disk or not), then takes the index's write
+            # lock and runs its statements; the rename and COMMIT wait for the fsync.
+            prepared = Aside(_check_and_stage, index, temp_name, tmp_fd, data, digest, schema,
+                             kind, key, row, now, max_entries)  # fmt: skip
             try:
                 os.fsync(fd)
             except BaseException:
-                checked.join()  # the fsync's error is the one to raise
+                _discard(prepared)  # the fsync's error is the one to raise
                 raise
-            value = checked.wait()  # ValueError: the bytes do not validate
+            value, staged = prepared.wait()  # ValueError: the bytes do not validate
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
+        pending, staged = staged, None  # finish ends the transaction, committed or not
         with map_errors(f"could not publish the {kind} value in the store index"):
-            reused = publish(index, temp_name, kind, key, row, now, max_entries)
+            reused = pending.finish(temp_name)
         published = True
     finally:
+        if staged is not None:
+            staged.abandon()
         if not published:
             unlink_quietly(temp_name, tmp_fd)
     return Put(reused=reused, value=value)
 
 
-def _read_back(
-    temp_name: str, tmp_fd: int, size: int, digest: tuple[str, bytes], schema: Any
-) -> Any:
-    """The temp file's bytes read back, digest-checked against ``digest`` and decoded."""
-    back = _read_regular(temp_name, tmp_fd, size)  # one byte more tells it is longer
-    check_digest(back, digest[0], size, digest[1])
-    return decode_exact(back, schema)
+def _check_and_stage(
+    index: Index,
+    temp_name: str,
+    tmp_fd: int,
+    data: bytes,
+    digest: tuple[str, bytes],
+    schema: Any,
+    kind: Kind,
+    key: str,
+    row: Row,
+    now: float,
+    max_entries: int,
+) -> tuple[Any, Staged]:
+    """The temp file read back, digest-checked and decoded; then the publish staged."""
+    back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
+    check_digest(back, digest[0], len(data), digest[1])
+    value = decode_exact(back, schema)
+    with map_errors(f"could not publish the {kind} value in the store index"):
+        return value, Staged(index, kind, key, row, now, max_entries)
+
+
+def _discard(prepared: Aside[tuple[Any, Staged]]) -> None:
+    """Wait for the helper's work and undo it, whatever it did (the caller is failing)."""
+    prepared.join()
+    try:
+        _, staged = prepared.wait()
+    except BaseException:  # the caller raises its own error
+        return
+    staged.abandon()
 
 
 def read_checked(
