@@ -63,9 +63,15 @@ class Staged:
     def __init__(
         self, index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int
     ) -> None:
-        self.root, self.kind, self.key = index.root, kind, key
-        self._cm = index.transaction()
-        tx = self._cm.__enter__()
+        self.kind, self.key = kind, key
+        self._dirs = Dirs(index.root).__enter__()
+        try:
+            self._fan_fd = self._dirs.fanout(kind, key)  # made now if missing: off the fsync's path
+            self._cm = index.transaction()
+            tx = self._cm.__enter__()
+        except BaseException:
+            self._dirs.__exit__()
+            raise
         try:
             tx.saw(now)
             #: Whether ``key`` was live before.
@@ -73,33 +79,40 @@ class Staged:
             tx.upsert(kind, key, row, now)
             self._victims = _victims(tx, kind, key, now, max_entries)
         except BaseException as exc:
-            self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
+            self._end(exc)
             raise
 
     def finish(self, temp_name: str) -> bool:
         """Publish the verified temp file and commit; returns :attr:`reused`."""
-        with Dirs(self.root) as dirs:
-            dir_sync: Aside[None] | None = None
+        dir_sync: Aside[None] | None = None
+        try:
             try:
-                try:
-                    dirs.publish(temp_name, self.kind, self.key, sync=False)
-                    dir_sync = Aside(fsync, dirs.fanout(self.kind, self.key))
-                    # Files go only once the rename is done: a failed one rolls back every row.
-                    for victim_kind, victim_key in self._victims:
-                        dirs.unlink(victim_kind, victim_key)
-                except BaseException as exc:
-                    self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
-                    raise
-                self._cm.__exit__(None, None, None)  # COMMIT
-            finally:
+                self._dirs.publish(temp_name, self.kind, self.key, sync=False)
+                dir_sync = Aside(fsync, self._fan_fd)
+                # Files go only once the rename is done: a failed one rolls back every row.
+                for victim_kind, victim_key in self._victims:
+                    self._dirs.unlink(victim_kind, victim_key)
+            except BaseException as exc:
+                self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
+                raise
+            self._cm.__exit__(None, None, None)  # COMMIT
+        finally:
+            try:
                 if dir_sync is not None:
-                    dir_sync.wait()  # before Dirs closes the fan-out fd it syncs
+                    dir_sync.wait()  # before the fan-out fd it syncs is closed
+            finally:
+                self._dirs.__exit__()
         return self.reused
 
     def abandon(self) -> None:
         """Roll back (the temp file was not made durable)."""
-        abandoned = _Abandoned()
-        self._cm.__exit__(_Abandoned, abandoned, None)
+        self._end(_Abandoned())
+
+    def _end(self, exc: BaseException) -> None:
+        try:
+            self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
+        finally:
+            self._dirs.__exit__()
 
 
 class Publication(NamedTuple):
