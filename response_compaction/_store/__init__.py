@@ -128,7 +128,12 @@ async def _root_and_key(backend: FileBackend, base: str) -> tuple[str, bytes]:
 
 
 def _key_stamp(root: str) -> tuple[int, ...]:
-    st = os.lstat(os.path.join(root, KEY_NAME))
+    path = _key_paths.get(root)
+    if path is None:
+        if len(_key_paths) >= 64:
+            _key_paths.clear()
+        path = _key_paths[root] = os.path.join(root, KEY_NAME)
+    st = os.lstat(path)
     return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size,
             st.st_mtime_ns, st.st_ctime_ns)  # fmt: skip
 
@@ -138,6 +143,7 @@ def _prepare(base: str) -> tuple[str, bytes]:
     return root, load_key(root)
 
 
+_key_paths: dict[str, str] = {}  # the key file's path by root: joined once, looked at per call
 # Roots created and checked by this process, by workspace directory, with their key and how
 # the key file looked when it was read (every open compares; a changed file is read again).
 _prepared: dict[tuple[int, str], tuple[str, bytes, tuple[int, ...]]] = {}

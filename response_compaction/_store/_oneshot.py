@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 from typing import Any, NamedTuple
 
 from .._canonical import decode_exact
@@ -282,12 +283,14 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
         if index.flush_due():
             return NOT_INLINE
         try:
-            with map_errors(INDEX_ERRORS):
-                row = index.lookup(kind, key, now, wait=False)
+            row = index.lookup(kind, key, now, wait=False)
         except IndexBusy:
             return NOT_INLINE
         except CorruptRowError:
             return f"{kind} entry's index row is corrupt"
+        except (OSError, sqlite3.Error):
+            with map_errors(INDEX_ERRORS):  # only built when needed: this runs on every read
+                raise
         if row is None or row.expires_at <= max(now, row.attested):
             return None
         if row.size > INLINE_READ_BYTES:
