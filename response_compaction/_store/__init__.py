@@ -11,9 +11,10 @@ Layout below ``workspace_temp_dir()``::
 
 Entries are immutable files written by one algorithm (:meth:`Store.put`): a temporary file
 in ``tmp/`` (written in a loop, since ``write`` may be short), fsync, read back and verified
-(digest and schema), then, holding the index's write lock, renamed into place, the directory
-fsynced, and the row upserted. TTL and LRU live in the index, not in file times (relatime and
-noatime make atime useless, and a read must count as a use). Eviction deletes the row and the
+(digest and schema), then, holding the index's write lock, the row upserted, the file renamed
+into place, and the directory fsynced beside the COMMIT (both end before any receipt). TTL
+and LRU live in the index, not in file times (relatime and noatime make atime useless, and a
+read must count as a use). Eviction deletes the row and the
 file under the same lock, so a writer never has its fresh entry unlinked, and fan-out
 directories are never removed. A reader that finds the row but not the file (a concurrent
 eviction) reports ``Missing``; any byte that does not hash to the reference (or, for a

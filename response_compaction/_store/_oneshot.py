@@ -3,9 +3,12 @@
 A hop to a worker thread costs about 50 us; the streaming algorithm of ``Store.put`` takes a
 dozen of them (open, write, fsync, close, open, read, close, hash, index, publish...), which
 for a 2 KB value cost four times the work itself. A small value is already whole in memory,
-so here the same steps run in the same order with the same checks (write looping on short
-writes, fsync of the file, read back, digest, schema, rename under the index's write lock,
-fsync of the directory) inside one blocking call.
+so here the same steps run with the same checks (write looping on short writes, fsync of the
+file, read back, digest, schema, rename under the index's write lock, fsync of the directory,
+COMMIT) inside one blocking call. What does not wait on a disk runs beside the waits, in a
+helper thread (``_aside``): the read-back checks and the index's statements beside the file's
+fsync, the directory's fsync beside the COMMIT. The file's fsync still ends before its rename,
+and every fsync before the call returns.
 
 Only the library's own file backends take this path; an injected backend (the tests' fault
 seam) gets the streaming algorithm, call by call.
