@@ -25,7 +25,8 @@ directories held open and re-checked per call), ``_index`` (the connection
 registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
 safely), ``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store's digest and
 sealing key), ``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop
-file seam). This module puts them together; nothing below it imports it.
+file seam), ``_aside`` (work beside an fsync, in a helper thread). This module puts them
+together; nothing below it imports it.
 """
 
 from __future__ import annotations
