@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         if "cold" in only:
             _extra.cold_start(suite, max(sizes))
         if "raw" in only:
-            _extra.raw_inputs(suite, max(sizes))
+            _extra.raw_inputs(suite, max(sizes), plan.shapes)
         if "part" in only:
             _part.read_parts(suite, max(sizes), tuple(s for s in plan.shapes if s != "strings"))
         if "import" in only:

@@ -93,19 +93,21 @@ def import_time(suite: Suite, repeats: int = 5) -> None:
     suite.add(Result("import", IMPORT, "-", times))
 
 
-def raw_inputs(suite: Suite, size: int) -> None:
-    """A large value handed over as ``msgspec.Raw`` JSON or as builtins: the loop's freeze."""
-    workload = build("rows", size)
-    section = f"rows {_label(workload.size)} as Raw / builtins"
-    suite.log(f"{section}: the caller's loop while the input is validated")
-    inputs: dict[str, Any] = {
-        "raw": msgspec.Raw(workload.data),
-        "builtins": msgspec.to_builtins(workload.value),
-    }
-    for backend in BACKENDS:
-        for kind, given in inputs.items():
-            elapsed, freeze = anyio.run(_one, suite, given, workload.schema, backend=backend)
-            suite.add(Result(section, RAW[kind], backend, [elapsed], freeze=freeze))
+def raw_inputs(suite: Suite, size: int, shapes: tuple[str, ...] = ("rows",)) -> None:
+    """Each shape's value handed over as ``msgspec.Raw`` JSON or as builtins: the loop's freeze."""
+    for shape in shapes:
+        workload = build(shape, size)
+        section = f"{shape} {_label(workload.size)} as Raw / builtins"
+        suite.log(f"{section}: the caller's loop while the input is validated")
+        inputs: dict[str, Any] = {
+            "raw": msgspec.Raw(workload.data),
+            "builtins": msgspec.to_builtins(workload.value),
+        }
+        for backend in BACKENDS:
+            for kind, given in inputs.items():
+                elapsed, freeze = anyio.run(_one, suite, given, workload.schema, backend=backend)
+                suite.add(Result(section, RAW[kind], backend, [elapsed], freeze=freeze))
+        del inputs, workload  # 90 MB each: not kept while the next shape is built
 
 
 async def _one(suite: Suite, given: Any, schema: Any) -> tuple[float, Any]:

@@ -221,9 +221,12 @@ def targets(suite: Suite) -> list[Target]:
     raw = [r for r in suite.results if r.op in _extra.RAW.values()]
     if raw:
         gap, op = _freeze_worst(raw)
-        figures = [f"{r.loop} {r.op.split('(')[1].split(')')[0]} {r.freeze.max_ms:.0f} ms"
-                   for r in raw if r.freeze]  # fmt: skip
-        found.append(Target("Raw or builtins input never freezes the loop > 50 ms (90 MB)",
+        # Each figure names its shape (the section's first word), backend and input kind.
+        figures = [f"{r.section.split()[0]} {r.loop} {r.op.split('(')[1].split(')')[0]}"
+                   f" {r.freeze.max_ms:.0f} ms" for r in raw if r.freeze]  # fmt: skip
+        shapes = "/".join(dict.fromkeys(r.section.split()[0] for r in raw))
+        where = f"{shapes} {' '.join(raw[0].section.split()[1:3])}"
+        found.append(Target(f"Raw or builtins input never freezes the loop > 50 ms ({where})",
                             ", ".join(figures), gap <= 50, raw[0].section))  # fmt: skip
     large = [sec for sec in dict.fromkeys(r.section for r in suite.results)
              if _big_section(sec) and float(sec.split()[1]) >= 50]  # fmt: skip

@@ -1,20 +1,21 @@
 """Decoding a large ``msgspec.Raw`` input in slices, so the caller's loop keeps turning.
 
 msgspec holds the GIL for a whole decode, and so does the stdlib scanner that looks for
-duplicate keys: 90 MB of JSON text is one long stall of the caller's loop. When the schema's
-long list is the top-level value or a field of a top-level struct (a plain ``list[T]``, as in
-:mod:`._slices`), the text of that array is cut into slices of about ``SLICE_BYTES`` and each
-is decoded as ``list[T]`` and checked for duplicate and merged keys on its own, with a
-checkpoint between steps; the rest of the document, with the array emptied, goes through
-:func:`to_exact_value` like any small input. The items are then put back.
+duplicate keys: 90 MB of JSON text is one long stall of the caller's loop. When the schema is
+a plain ``list[T]`` or ``dict[str, V]`` (no length or key constraints), or a top-level struct
+with fields of those types, each such container in the text is cut into slices
+(:mod:`._raw_cut`) decoded and key-checked on their own with a checkpoint between steps; the
+rest of the document, with those containers emptied, is decoded whole like any small input,
+and the containers are put back.
 
-No byte of the input is trusted to say where an element ends. A cut is tried at a comma that
-looks like the separator between the first two elements; ``[`` + the text since the previous
-cut + ``]`` only decodes when that comma lies between two elements of this very array (a cut
-inside a string or a nested value leaves an open string or bracket). The array itself is found
-by its key; the text before it, closed with ``null}``, must decode as one object, so the key is
-a top-level one. Whatever does not fit (malformed text, odd layouts, huge single elements after
-a few tries) falls back to the whole decode, which gives msgspec's own first error.
+A field's container is found by its key, in document order; the text before it (earlier
+containers emptied), closed with ``null}``, must decode as one object, so the key is a
+top-level one. Every check of :func:`to_exact_value` is kept, in the order the whole decode
+makes them: schema validation first (a slice's error is raised only when the text before its
+container has none), then depth, then keys given twice, then keys the schema merges, each
+named by the path the whole check names (its walks go last member first, so the pieces are
+asked in that order). Whatever does not fit (malformed text, odd layouts, huge single elements)
+falls back to the whole decode, which gives msgspec's own first error.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -30,26 +32,30 @@ import msgspec.inspect as mi
 from ._canonical import TOO_DEEP, duplicate_keys_message, merged_keys_message, to_exact_value
 from ._messages import content_free
 from ._perf import paused_gc
+from ._raw_cut import SLICE_BYTES, Container, NotCutError, SliceError, cut_container
 from ._refusals import duplicate_key_path, keys_may_merge, merged_key_path
 
-__all__ = ["RAW_FROM", "SLICE_BYTES", "decode_raw_sliced"]
+__all__ = ["RAW_FROM", "SLICE_BYTES", "decode_raw_sliced", "plain_container"]
 
 #: Raw inputs shorter than this are decoded whole.
 RAW_FROM = 1 << 20
-#: Decoding and key-checking a slice this size holds the GIL for a few milliseconds.
-SLICE_BYTES = 256 << 10
 _TRIES = 8
+#: Uncut text longer than this before a container: the rest is decoded whole.
+_HEAD_GAP = 16 * SLICE_BYTES
 _WS = rb"[ \t\n\r]*"
-_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
-_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_ITEM_PATH = re.compile(r"`\$\[(\d+)\]")
 _SKIP_WS = re.compile(_WS)
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_MISSING = re.compile(r"Object missing required field `[^`]*`")
 
 Checkpoint = Callable[[], Awaitable[None]]
 
 
-class _NotCutError(Exception):
-    """The sliced decode does not apply here: decode the whole."""
+@dataclass(frozen=True, slots=True)
+class _Field:
+    attr: str | None  # the struct attribute; None for the top-level container
+    name: str  # its encoded name
+    type: Any  # list[T] or dict[str, V]
+    mapping: bool
 
 
 async def decode_raw_sliced(
@@ -57,181 +63,200 @@ async def decode_raw_sliced(
 ) -> tuple[Any, list[Any] | None]:
     """:func:`to_exact_value` of a ``Raw`` input: same value and same ``ValueError`` cases.
 
-    Also the long list it built itself when it cut one (see :func:`release`), else None.
+    Also the containers it built itself (see :func:`._convert.release`), else None.
     """
     data = memoryview(raw)  # not copied: 90 MB of memcpy alone is a long step
-    plan = _plan(data, schema)
-    if plan is None:
+    fields = _fields(schema) if len(data) >= RAW_FROM else None
+    if fields is None:
         return to_exact_value(raw, schema), None
-    attr, list_type, opened, where = plan
     try:
         with paused_gc():
-            found = await _array(data, opened, list_type, where, schema, checkpoint)
-        items, closed, problem = found
-    except _NotCutError:
+            if fields[0].attr is None:
+                return await _top_level(data, fields[0], schema, checkpoint)
+            head, containers = await _cut_fields(data, fields, schema, checkpoint)
+    except NotCutError:
         return to_exact_value(raw, schema), None
-    prefix, suffix = bytes(data[:opened]), bytes(data[closed + 1 :])
-    if attr is None:
-        if prefix.strip() or suffix.strip():
-            return to_exact_value(raw, schema), None
-        if problem is not None:
-            raise ValueError(problem)
-        return items, items
-    try:
-        head = to_exact_value(msgspec.Raw(prefix + b"[]" + suffix), schema)
-    except ValueError as exc:
-        if "malformed" in str(exc) or "truncated" in str(exc):
-            # Byte offsets in the emptied text are not the input's: let the whole say where.
-            return to_exact_value(raw, schema), None
-        raise
+    if not containers:
+        return to_exact_value(raw, schema), None
+    value = _head_value(head, schema)
+    if value is None:  # malformed: byte offsets in the emptied text are not the input's
+        return to_exact_value(raw, schema), None
+    problem = _key_problem(head, value, containers, schema)
     if problem is not None:
         raise ValueError(problem)
-    return msgspec.structs.replace(head, **{attr: items}), items
+    by_name = {f.name: f.attr for f in fields}
+    put_back = {str(by_name[name]): found.value for name, found in containers.items()}
+    return msgspec.structs.replace(value, **put_back), list(put_back.values())
 
 
-def _plan(data: memoryview, schema: Any) -> tuple[str | None, Any, int, str] | None:
-    """(struct attribute or None, ``list[T]``, offset of the array's ``[``, its path)."""
-    if len(data) < RAW_FROM:
+# ``mi.type_info`` evaluates the schema's annotations anew each call. Types are immutable.
+_type_info = functools.lru_cache(maxsize=256)(mi.type_info)
+
+
+def plain_container(info: mi.Type) -> bool | None:
+    """True for a plain ``dict[str, V]``, False for a plain ``list[T]``, None otherwise.
+
+    Plain: slices decoded apart and joined are the same as one decode (a length bound
+    applies to the whole; a key type other than ``str`` may merge keys across slices).
+    """
+    if isinstance(info, mi.ListType):
+        mapping = False
+    elif isinstance(info, mi.DictType) and info.key_type == mi.StrType():
+        mapping = True
+    else:
         return None
+    return mapping if info.min_length is None and info.max_length is None else None
+
+
+def _fields(schema: Any) -> list[_Field] | None:
+    """The containers to cut: the top-level one, or the struct's plain container fields."""
     try:
-        info = mi.type_info(schema)
+        info = _type_info(schema)
     except (TypeError, ValueError):
         return None
-    if _plain_list(info):
-        start = _SKIP_WS.match(data).end()  # type: ignore[union-attr]  # always matches
-        return (None, schema, start, "$") if bytes(data[start : start + 1]) == b"[" else None
+    mapping = plain_container(info)
+    if mapping is not None:
+        return [_Field(None, "", schema, mapping)]
     if not isinstance(info, mi.StructType) or info.array_like or hasattr(info.cls, "__post_init__"):
         return None
     types = {f.name: f.type for f in msgspec.structs.fields(info.cls)}
+    found = []
     for field in info.fields:
-        if not _plain_list(field.type):
+        mapping = plain_container(field.type)
+        if mapping is not None:
+            found.append(_Field(field.name, field.encode_name, types[field.name], mapping))
+    return found or None
+
+
+async def _top_level(
+    data: memoryview, field: _Field, schema: Any, checkpoint: Checkpoint
+) -> tuple[Any, list[Any]]:
+    opened = _SKIP_WS.match(data).end()  # type: ignore[union-attr]  # always matches
+    if bytes(data[opened : opened + 1]) != (b"{" if field.mapping else b"["):
+        raise NotCutError
+    merge = keys_may_merge(schema)
+    try:
+        found = await cut_container(
+            data, opened, schema, mapping=field.mapping, where="$", merge=merge,
+            checkpoint=checkpoint,
+        )  # fmt: skip
+    except SliceError as exc:  # nothing but whitespace before it
+        raise ValueError(str(exc)) from None
+    if found is None or bytes(data[found.end + 1 :]).strip(b" \t\n\r"):
+        raise NotCutError
+    if found.deep:
+        raise ValueError(TOO_DEEP)
+    if found.dup is not None:
+        raise ValueError(duplicate_keys_message(found.dup))
+    if found.merged is not None:
+        raise ValueError(merged_keys_message(found.merged))
+    return found.value, [found.value]
+
+
+async def _cut_fields(
+    data: memoryview, fields: list[_Field], schema: Any, checkpoint: Checkpoint
+) -> tuple[bytes, dict[str, Container]]:
+    """The text with each cut container emptied, and the containers by encoded name."""
+    by_key = {msgspec.json.encode(f.name): f for f in fields}
+    keys = b"|".join(re.escape(k) for k in by_key)
+    pattern = re.compile(b"(" + keys + b")" + _WS + b":" + _WS + rb"[\[{]")
+    merge = keys_may_merge(schema)
+    pieces: list[bytes | memoryview] = []
+    containers: dict[str, Container] = {}
+    seg = pos = misses = 0
+    while (match := pattern.search(data, pos)) is not None:
+        field, opened, pos = by_key[match.group(1)], match.end() - 1, match.end()
+        if opened - seg > _HEAD_GAP or misses > _TRIES:
+            break  # a long stretch left whole, or keys met only inside nested values
+        empty = b"{}" if field.mapping else b"[]"
+        if field.name in containers or bytes(data[opened : opened + 1]) != empty[:1]:
             continue
-        key = msgspec.json.encode(field.encode_name)
-        found = re.compile(re.escape(key) + _WS + b":" + _WS + rb"\[").search(data)
-        if found is None:
-            continue
-        opened = found.end() - 1
+        before = b"".join((*pieces, data[seg:opened]))
         try:  # the key must be a member of the top-level object, not of a nested one
-            _TOP.decode(bytes(data[:opened]) + b"null}")
+            _TOP.decode(before + b"null}")
         except (msgspec.ValidationError, msgspec.DecodeError):
-            return None
-        return field.name, types[field.name], opened, f"$.{field.encode_name}"
-    return None
+            misses += 1
+            continue
+        try:
+            found = await cut_container(
+                data, opened, field.type, mapping=field.mapping, where=f"$.{field.name}",
+                merge=merge, checkpoint=checkpoint,
+            )  # fmt: skip
+        except SliceError as exc:
+            if _clean(before + empty + b"}", schema):
+                raise ValueError(str(exc)) from None
+            raise NotCutError from None  # the text before has its own error: the whole's
+        if found is not None:
+            containers[field.name] = found
+            pieces += [data[seg:opened], empty]
+            seg = pos = found.end + 1
+    pieces.append(data[seg:])
+    return b"".join(pieces), containers
 
 
-def _plain_list(info: mi.Type) -> bool:
-    return isinstance(info, mi.ListType) and info.min_length is None and info.max_length is None
+def _clean(before: bytes, schema: Any) -> bool:
+    """Whether the text before a container has no error the whole decode would name first."""
+    try:
+        _decoder(schema).decode(before)
+    except msgspec.ValidationError as exc:
+        # A top-level field missing from the text cut short (no path: the root) is reported
+        # at the object's end, after the slice; a nested object's is not.
+        return _MISSING.fullmatch(str(exc)) is not None
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=256)
-def _list_decoder(list_type: Any) -> msgspec.json.Decoder[Any]:
-    return msgspec.json.Decoder(list_type)
+def _decoder(schema: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(schema)
 
 
-async def _array(
-    data: memoryview, opened: int, list_type: Any, where: str, schema: Any, checkpoint: Checkpoint
-) -> tuple[list[Any], int, str | None]:
-    """The array's items, the offset of its ``]``, and the first key problem found in it."""
-    start = _SKIP_WS.match(data, opened + 1).end()  # type: ignore[union-attr]  # always matches
-    if bytes(data[start : start + 1]) in (b"]", b""):
-        raise _NotCutError
-    separator = re.compile(b"," + _WS + re.escape(bytes(data[start : start + 1])))
-    decoder = _list_decoder(list_type)
-    merge = keys_may_merge(schema)
-    items: list[Any] = []
-    duplicate: str | None = None
-    merged: str | None = None
-    while True:
-        end, chunk, part = await _next_cut(
-            data, start, separator, decoder, where, len(items), checkpoint
-        )
-        base = len(items)
-        items.extend(part)
-        await checkpoint()
-        if duplicate is None:  # as for the whole text: a duplicate is named before a merge
-            # The key check names object members `[...]`, never by a key of the input.
-            duplicate = _duplicate(chunk, "$" if where == "$" else "$[...]", base)
-            if merge and merged is None:
-                merged = _merged(chunk, part, where, base)
-            await checkpoint()
-        if bytes(data[end : end + 1]) == b"]":
-            return items, end, duplicate or merged
-        start = end + 1
-
-
-async def _next_cut(
-    data: memoryview,
-    start: int,
-    separator: re.Pattern[bytes],
-    decoder: msgspec.json.Decoder[Any],
-    where: str,
-    base: int,
-    checkpoint: Checkpoint,
-) -> tuple[int, bytes, list[Any]]:
-    """The next slice: where it ends (a comma, or the array's ``]``), its text and its items."""
-    commas: list[int] = []
-    for found in separator.finditer(data, min(start + SLICE_BYTES, len(data))):
-        commas.append(found.start())
-        if len(commas) == _TRIES:
-            break
-    # The array's end lies before the first candidate comma when no comma fits: try the
-    # closing brackets there, from the last one back.
-    high = commas[0] if commas else len(data)
-    low = max(start, high - 4 * SLICE_BYTES)  # a longer tail after the array: decode whole
-    window = bytes(data[low:high])
-    closers: list[int] = []
-    while len(closers) < _TRIES:
-        high = window.rfind(b"]", 0, high - low) + low
-        if high < low:
-            break
-        closers.append(high)
-    for end in commas + closers:
-        chunk = b"".join((b"[", data[start:end], b"]"))
-        part = _decoded(chunk, decoder, where, base)
-        if part:  # an empty slice would accept a stray comma (`[1,,2]`, `[1,]`)
-            return end, chunk, part
-        await checkpoint()
-    raise _NotCutError
-
-
-def _decoded(
-    chunk: bytes, decoder: msgspec.json.Decoder[Any], where: str, base: int
-) -> list[Any] | None:
-    """The slice's items; None when the cut is not between two elements."""
+def _head_value(head: bytes, schema: Any) -> Any:
+    """The rest of the document as a value of ``schema``; None when it is malformed."""
     try:
-        return decoder.decode(chunk)  # type: ignore[no-any-return]
-    except msgspec.DecodeError:
-        return None  # a wrong cut, or malformed text (then the whole decode says where)
+        return _decoder(schema).decode(head)
     except msgspec.ValidationError as exc:
-        try:
-            _RAW_LIST.decode(chunk)
-        except msgspec.DecodeError:
-            return None  # the cut closed a nested value early: not a real error
-        message = _shifted(content_free(exc), where, base)
         raise ValueError(
-            f"exact_response does not validate against exact_schema: {message}"
+            f"exact_response does not validate against exact_schema: {content_free(exc)}"
         ) from None
+    except msgspec.DecodeError:
+        return None
     except RecursionError:
         raise ValueError(TOO_DEEP) from None
 
 
-def _duplicate(chunk: bytes, where: str, base: int) -> str | None:
+def _key_problem(
+    head: bytes, value: Any, containers: dict[str, Container], schema: Any
+) -> str | None:
+    """The refusal the whole key checks would give, from the head's and the slices' findings."""
     try:
-        path = duplicate_key_path(chunk)
+        head_dup = duplicate_key_path(head)
     except RecursionError:
-        raise ValueError(TOO_DEEP) from None
-    return None if path is None else duplicate_keys_message(_shifted_path(path, where, base))
-
-
-def _merged(chunk: bytes, part: list[Any], where: str, base: int) -> str | None:
-    path = merged_key_path(part, msgspec.json.decode(chunk))
-    return None if path is None else merged_keys_message(_shifted_path(path, where, base))
-
-
-def _shifted_path(path: str, where: str, base: int) -> str:
-    return _shifted(f"`{path}`", where, base)[1:-1]
-
-
-def _shifted(message: str, where: str, base: int) -> str:
-    """A slice's path (``$[i]...``) as a path in the whole input."""
-    return _ITEM_PATH.sub(lambda m: f"`{where}[{int(m.group(1)) + base}]", message, count=1)
+        return TOO_DEEP
+    if any(found.deep for found in containers.values()):
+        return TOO_DEEP
+    if head_dup == "$":
+        return duplicate_keys_message("$")
+    if head_dup is not None or any(found.dup for found in containers.values()):
+        # The whole scan walks the top-level members last first: ask them in that order.
+        for key, member in reversed(_TOP.decode(head).items()):
+            found = containers.get(key)
+            path = found.dup if found is not None else duplicate_key_path(bytes(member))
+            if path is not None:
+                return duplicate_keys_message("$[...]" + path[1:])
+    if not keys_may_merge(schema):
+        return None
+    plain = msgspec.json.decode(head)
+    names = zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
+    for name, encoded in reversed(list(names)):  # as merged_key_path walks a struct
+        if encoded not in plain:
+            continue
+        found = containers.get(encoded)
+        if found is not None:
+            path = found.merged
+        else:
+            path = merged_key_path(getattr(value, name), plain[encoded])
+        if path is not None:
+            return merged_keys_message(f"$.{encoded}" + path[1:])
+    return None
