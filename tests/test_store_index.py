@@ -102,6 +102,30 @@ def test_an_error_after_sqlite_rolled_back_on_its_own_is_the_error_raised(tmp_pa
         _index.close_all()
 
 
+def test_a_writers_lookup_while_the_write_lock_is_held_reads_the_committed_row(
+    tmp_path: Path,
+) -> None:
+    """lookup(writer=True) with the write lock taken neither waits nor sees uncommitted rows."""
+    index = _index.acquire(prepare_root(str(tmp_path / "ws")))
+    key = "ab" * 32
+    try:
+        with index.transaction() as tx:
+            tx.saw(1.0)
+            tx.upsert("exact", key, _index.Row("cd" * 32, 5, 100.0, None), 1.0)
+        with index.transaction() as tx:
+            tx.upsert("exact", key, _index.Row("ef" * 32, 6, 200.0, None), 1.0)
+            # The write lock is this thread's: the lookup takes the reader connection.
+            seen = index.lookup("exact", key, 1.0, writer=True)
+        assert seen is not None
+        assert (seen.digest, seen.size) == ("cd" * 32, 5)
+        after = index.lookup("exact", key, 1.0, writer=True)  # the lock is free again
+        assert after is not None
+        assert (after.digest, after.size, after.expires_at) == ("ef" * 32, 6, 200.0)
+    finally:
+        _index.release(index)
+        _index.close_all()
+
+
 @pytest.mark.parametrize(
     ("column", "cell"),
     [

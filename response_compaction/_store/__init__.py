@@ -11,9 +11,10 @@ Layout below ``workspace_temp_dir()``::
 
 Entries are immutable files written by one algorithm (:meth:`Store.put`): a temporary file
 in ``tmp/`` (written in a loop, since ``write`` may be short), fsync, read back and verified
-(digest and schema), then, holding the index's write lock, renamed into place, the directory
-fsynced, and the row upserted. TTL and LRU live in the index, not in file times (relatime and
-noatime make atime useless, and a read must count as a use). Eviction deletes the row and the
+(digest and schema), then, holding the index's write lock, the row upserted, the file renamed
+into place, and the directory fsynced beside the COMMIT (both end before any receipt). TTL
+and LRU live in the index, not in file times (relatime and noatime make atime useless, and a
+read must count as a use). Eviction deletes the row and the
 file under the same lock, so a writer never has its fresh entry unlinked, and fan-out
 directories are never removed. A reader that finds the row but not the file (a concurrent
 eviction) reports ``Missing``; any byte that does not hash to the reference (or, for a
@@ -24,7 +25,8 @@ directories held open and re-checked per call), ``_index`` (the connection
 registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
 safely), ``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store's digest and
 sealing key), ``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop
-file seam). This module puts them together; nothing below it imports it.
+file seam), ``_aside`` (work beside an fsync, in a helper thread). This module puts them
+together; nothing below it imports it.
 """
 
 from __future__ import annotations
@@ -131,7 +133,12 @@ async def _root_and_key(backend: FileBackend, base: str) -> tuple[str, bytes]:
 
 
 def _key_stamp(root: str) -> tuple[int, ...]:
-    st = os.lstat(os.path.join(root, KEY_NAME))
+    path = _key_paths.get(root)
+    if path is None:
+        if len(_key_paths) >= 64:
+            _key_paths.clear()
+        path = _key_paths[root] = os.path.join(root, KEY_NAME)
+    st = os.lstat(path)
     return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size,
             st.st_mtime_ns, st.st_ctime_ns)  # fmt: skip
 
@@ -141,6 +148,7 @@ def _prepare(base: str) -> tuple[str, bytes]:
     return root, load_key(root)
 
 
+_key_paths: dict[str, str] = {}  # the key file's path by root: joined once, looked at per call
 # Roots created and checked by this process, by workspace directory, with their key and how
 # the key file looked when it was read (every open compares; a changed file is read again).
 _prepared: dict[tuple[int, str], tuple[str, bytes, tuple[int, ...]]] = {}

@@ -6,33 +6,113 @@ one-hop paths of ``_oneshot``.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
+from ._aside import Aside, fsync
 from ._index import Index, Row, Transaction
 from ._paths import KINDS, Kind
 from ._tree import Dirs
 
-__all__ = ["Publication", "prune_all", "publish", "publish_all", "remove_entry", "renew"]
+__all__ = [
+    "Publication",
+    "Staged",
+    "prune_all",
+    "publish",
+    "publish_all",
+    "remove_entry",
+    "renew",
+]
 
 #: Expired rows deleted per commit, so one write never pays for a long-idle store's backlog.
 EXPIRED_PER_COMMIT = 64
 
 
 def publish(
-    index: Index, temp_name: str, kind: Kind, key: str, row: Row, now: float, max_entries: int
+    index: Index,
+    temp_name: str,
+    kind: Kind,
+    key: str,
+    row: Row,
+    now: float,
+    max_entries: int,
 ) -> bool:
     """Rename the verified temp file into place, record it and evict, under the write lock.
 
-    Returns whether ``key`` was live before.
+    Returns whether ``key`` was live before. See :class:`Staged`, which this runs whole.
     """
-    with index.transaction() as tx, Dirs(index.root) as dirs:
-        tx.saw(now)
-        reused = tx.is_live(kind, key, now)
-        dirs.publish(temp_name, kind, key)
-        tx.upsert(kind, key, row, now)
-        _evict(tx, dirs, kind, key, now, max_entries)
-    return reused
+    return Staged(index, kind, key, row, now, max_entries).finish(temp_name)
+
+
+class _Abandoned(Exception):  # noqa: N818 - never raised out of here: it only rolls back
+    """Thrown into a staged transaction to roll it back."""
+
+
+class Staged:
+    """A publish in two halves: the index's statements now, the rename and COMMIT later.
+
+    Creating it takes the write lock (``BEGIN IMMEDIATE``) and runs the statements: clock,
+    upsert, the rows to evict. :meth:`finish` (possibly in another thread: the one-hop put
+    stages in its helper while it fsyncs the temp file) renames the file into place, fsyncs
+    the fan-out directory in a helper beside the COMMIT (the index's own fsync), unlinks the
+    evicted files and commits; both fsyncs have returned when it does. :meth:`abandon` rolls
+    back. A row made durable before its directory entry is harmless: nobody is handed a
+    receipt until both are, and a row whose file is absent reads Missing (and is written
+    afresh by the next put of its value).
+    """
+
+    def __init__(
+        self, index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int
+    ) -> None:
+        self.kind, self.key = kind, key
+        self._dirs = Dirs(index.root).__enter__()
+        try:
+            self._fan_fd = self._dirs.fanout(kind, key)  # made now if missing: off the fsync's path
+            self._cm = index.transaction()
+            tx = self._cm.__enter__()
+        except BaseException:
+            self._dirs.__exit__()
+            raise
+        try:
+            tx.saw(now)
+            #: Whether ``key`` was live before.
+            self.reused = tx.is_live(kind, key, now)
+            tx.upsert(kind, key, row, now)
+            self._victims = _victims(tx, kind, key, now, max_entries)
+        except BaseException as exc:
+            self._end(exc)
+            raise
+
+    def finish(self, temp_name: str) -> bool:
+        """Publish the verified temp file and commit; returns :attr:`reused`."""
+        dir_sync: Aside[None] | None = None
+        try:
+            try:
+                self._dirs.publish(temp_name, self.kind, self.key, sync=False)
+                dir_sync = Aside(fsync, self._fan_fd)
+                # Files go only once the rename is done: a failed one rolls back every row.
+                for victim_kind, victim_key in self._victims:
+                    self._dirs.unlink(victim_kind, victim_key)
+            except BaseException as exc:
+                self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
+                raise
+            self._cm.__exit__(None, None, None)  # COMMIT
+        finally:
+            try:
+                if dir_sync is not None:
+                    dir_sync.wait()  # before the fan-out fd it syncs is closed
+            finally:
+                self._dirs.__exit__()
+        return self.reused
+
+    def abandon(self) -> None:
+        """Roll back (the temp file was not made durable)."""
+        self._end(_Abandoned())
+
+    def _end(self, exc: BaseException) -> None:
+        try:
+            self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
+        finally:
+            self._dirs.__exit__()
 
 
 class Publication(NamedTuple):
@@ -57,22 +137,39 @@ def publish_all(index: Index, items: list[Publication]) -> list[bool | OSError]:
     """
     results: list[bool | OSError] = []
     renamed: set[int] = set()
-    with index.transaction() as tx, Dirs(index.root) as dirs:
-        for item in items:
-            tx.saw(item.now)
-            reused = tx.is_live(item.kind, item.key, item.now)
-            try:
-                dirs.publish(item.temp_name, item.kind, item.key, sync=False)
-            except OSError as exc:
-                results.append(exc)
-                continue
-            renamed.add(dirs.fanout(item.kind, item.key))
-            tx.upsert(item.kind, item.key, item.row, item.now)
-            _evict(tx, dirs, item.kind, item.key, item.now, item.max_entries)
-            results.append(reused)
-        for fd in renamed:
-            os.fsync(fd)
+    syncs: list[Aside[None]] = []
+    with Dirs(index.root) as dirs:
+        try:
+            with index.transaction() as tx:
+                for item in items:
+                    tx.saw(item.now)
+                    reused = tx.is_live(item.kind, item.key, item.now)
+                    try:
+                        dirs.publish(item.temp_name, item.kind, item.key, sync=False)
+                    except OSError as exc:
+                        results.append(exc)
+                        continue
+                    renamed.add(dirs.fanout(item.kind, item.key))
+                    tx.upsert(item.kind, item.key, item.row, item.now)
+                    _evict(tx, dirs, item.kind, item.key, item.now, item.max_entries)
+                    results.append(reused)
+                # Beside the COMMIT, as in :func:`publish`; all have returned before any result.
+                syncs = [Aside(fsync, fd) for fd in renamed]
+        finally:
+            _wait_all(syncs)
     return results
+
+
+def _wait_all(syncs: list[Aside[None]]) -> None:
+    """Wait for every one (their fds close next), then raise the first failure."""
+    failure: BaseException | None = None
+    for sync in syncs:
+        try:
+            sync.wait()
+        except BaseException as exc:  # re-raised below, once the others returned
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int) -> bool:
@@ -99,10 +196,18 @@ def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries:
 
 
 def _evict(tx: Transaction, dirs: Dirs, kind: Kind, key: str, now: float, bound: int) -> None:
+    for victim_kind, victim_key in _victims(tx, kind, key, now, bound):
+        dirs.unlink(victim_kind, victim_key)
+
+
+def _victims(
+    tx: Transaction, kind: Kind, key: str, now: float, bound: int
+) -> list[tuple[Kind, str]]:
+    """Delete the rows to evict for ``key``'s sake; their files are the caller's to unlink."""
     victims = tx.victims((kind,), now, bound, keep=key, expired_limit=EXPIRED_PER_COMMIT)
     for victim_kind, victim_key in victims:
         tx.delete(victim_kind, victim_key)
-        dirs.unlink(victim_kind, victim_key)
+    return victims
 
 
 def prune_all(index: Index, now: float, max_entries: int | None) -> int:

@@ -3,9 +3,12 @@
 A hop to a worker thread costs about 50 us; the streaming algorithm of ``Store.put`` takes a
 dozen of them (open, write, fsync, close, open, read, close, hash, index, publish...), which
 for a 2 KB value cost four times the work itself. A small value is already whole in memory,
-so here the same steps run in the same order with the same checks (write looping on short
-writes, fsync of the file, read back, digest, schema, rename under the index's write lock,
-fsync of the directory) inside one blocking call.
+so here the same steps run with the same checks (write looping on short writes, fsync of the
+file, read back, digest, schema, rename under the index's write lock, fsync of the directory,
+COMMIT) inside one blocking call. What does not wait on a disk runs beside the waits, in a
+helper thread (``_aside``): the read-back checks and the index's statements beside the file's
+fsync, the directory's fsync beside the COMMIT. The file's fsync still ends before its rename,
+and every fsync before the call returns.
 
 Only the library's own file backends take this path; an injected backend (the tests' fault
 seam) gets the streaming algorithm, call by call.
@@ -15,12 +18,14 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 from typing import Any, NamedTuple
 
 from .._canonical import decode_exact
 from .._errors import UnsafeStoreError, map_errors
 from . import _index
-from ._commit import publish, renew
+from ._aside import Aside
+from ._commit import Staged, renew
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import (
     FILE_FLAGS,
@@ -110,7 +115,7 @@ def _renew_if_intact(
 ) -> Put | None:
     try:
         with map_errors(INDEX_ERRORS):
-            existing = index.lookup(kind, key, now)
+            existing = index.lookup(kind, key, now, writer=True)
     except CorruptRowError:
         return None  # the fresh write's upsert replaces the row
     if existing is None or existing.expires_at <= max(now, existing.attested):
@@ -145,25 +150,67 @@ def _write_new(
     max_entries: int,
 ) -> Put:
     published = False
+    staged: Staged | None = None
     try:
         fd = os.open(
             temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd
         )
         try:
             _write_all(fd, data)
-            os.fsync(fd)
+            # While this thread waits for the disk, a helper reads the bytes back and checks
+            # them (they see the bytes written, on disk or not), then takes the index's write
+            # lock and runs its statements; the rename and COMMIT wait for the fsync.
+            prepared = Aside(_check_and_stage, index, temp_name, tmp_fd, data, digest, schema,
+                             kind, key, row, now, max_entries)  # fmt: skip
+            try:
+                os.fsync(fd)
+            except BaseException:
+                _discard(prepared)  # the fsync's error is the one to raise
+                raise
+            value, staged = prepared.wait()  # ValueError: the bytes do not validate
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
-        back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
-        check_digest(back, digest[0], len(data), digest[1])
-        value = decode_exact(back, schema)
+        pending, staged = staged, None  # finish ends the transaction, committed or not
         with map_errors(f"could not publish the {kind} value in the store index"):
-            reused = publish(index, temp_name, kind, key, row, now, max_entries)
+            reused = pending.finish(temp_name)
         published = True
     finally:
+        if staged is not None:
+            staged.abandon()
         if not published:
             unlink_quietly(temp_name, tmp_fd)
     return Put(reused=reused, value=value)
+
+
+def _check_and_stage(
+    index: Index,
+    temp_name: str,
+    tmp_fd: int,
+    data: bytes,
+    digest: tuple[str, bytes],
+    schema: Any,
+    kind: Kind,
+    key: str,
+    row: Row,
+    now: float,
+    max_entries: int,
+) -> tuple[Any, Staged]:
+    """The temp file read back, digest-checked and decoded; then the publish staged."""
+    back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
+    check_digest(back, digest[0], len(data), digest[1])
+    value = decode_exact(back, schema)
+    with map_errors(f"could not publish the {kind} value in the store index"):
+        return value, Staged(index, kind, key, row, now, max_entries)
+
+
+def _discard(prepared: Aside[tuple[Any, Staged]]) -> None:
+    """Wait for the helper's work and undo it, whatever it did (the caller is failing)."""
+    prepared.join()
+    try:
+        _, staged = prepared.wait()
+    except BaseException:  # the caller raises its own error
+        return
+    staged.abandon()
 
 
 def read_checked(
@@ -239,12 +286,14 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
         if index.flush_due():
             return NOT_INLINE
         try:
-            with map_errors(INDEX_ERRORS):
-                row = index.lookup(kind, key, now, wait=False)
+            row = index.lookup(kind, key, now, wait=False)
         except IndexBusy:
             return NOT_INLINE
         except CorruptRowError:
             return f"{kind} entry's index row is corrupt"
+        except (OSError, sqlite3.Error):
+            with map_errors(INDEX_ERRORS):  # only built when needed: this runs on every read
+                raise
         if row is None or row.expires_at <= max(now, row.attested):
             return None
         if row.size > INLINE_READ_BYTES:

@@ -1,0 +1,224 @@
+"""Work a put runs beside its fsyncs: the durable order kept, every failure still fatal.
+
+A small put verifies its temp file's bytes in a helper thread while it fsyncs the file, and
+fsyncs its directory in a helper beside the index's COMMIT (``_store._aside``). These tests pin what
+that must not change: the file is synced before its name moves, both syncs have returned
+before the receipt, and a failing one of either fails the call with nothing half-kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import response_compaction as rc
+from response_compaction._store import _aside, _index, open_store
+from response_compaction._store._commit import Publication, publish_all
+from tests._store_support import (
+    FaultyBackend,
+    canonical,
+    compact,
+    entry_files,
+    entry_path,
+    hex_of,
+    index_rows,
+    ref_of,
+    store_root,
+    temp_files,
+    with_backend,
+)
+from tests.schemas import Exact, Row
+
+pytestmark = pytest.mark.anyio
+
+A = Exact(rows=[Row(id=1, name="alpha")], total=1)
+B = Exact(rows=[Row(id=2, name="beta")], total=1)
+
+
+def _is_dir(fd: int) -> bool:
+    return stat.S_ISDIR(os.fstat(fd).st_mode)
+
+
+class Journal:
+    """Replaces ``os.fsync`` and ``os.rename`` with recording (and optionally failing) twins."""
+
+    def __init__(self, fail: Callable[[int], bool] = lambda fd: False) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self._fail = fail
+        self._lock = threading.Lock()
+
+    def _note(self, *event: Any) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    @contextlib.contextmanager
+    def installed(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+        real_fsync, real_rename = os.fsync, os.rename
+
+        def fsync(fd: Any) -> None:
+            fd = fd if isinstance(fd, int) else fd.fileno()
+            what = "dir" if _is_dir(fd) else "file"
+            self._note("fsync-start", what)
+            if self._fail(fd):
+                self._note("fsync-failed", what)
+                raise OSError(errno.EIO, "injected fsync failure")
+            real_fsync(fd)
+            self._note("fsync-end", what)
+
+        def rename(src: Any, dst: Any, **kwargs: Any) -> None:
+            self._note("rename", str(dst))
+            real_rename(src, dst, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fsync", fsync)
+            patch.setattr(os, "rename", rename)
+            yield
+
+
+async def test_the_file_is_synced_before_its_rename_and_both_syncs_before_the_receipt(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One-hop put: the temp file's fsync ends before the rename; the directory's before return."""
+    await compact(harness, B)  # the store and its directories exist: only the put is recorded
+    journal = Journal()
+    with journal.installed(monkeypatch):
+        await compact(harness, A)
+    events = journal.events
+    rename = events.index(("rename", hex_of(A)))
+    assert ("fsync-end", "file") in events[:rename]
+    assert ("fsync-start", "dir") in events[rename:]
+    # Every fsync started had returned when the receipt was handed.
+    assert sum(e[0] == "fsync-start" for e in events) == sum(e[0] == "fsync-end" for e in events)
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_a_failed_file_fsync_beside_the_checks_stores_nothing(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO from the temp file's fsync (checks run beside it) fails the put, leaving no trace."""
+    await compact(harness, B)
+    root = store_root(harness.fs)
+    journal = Journal(fail=lambda fd: not _is_dir(fd))
+    with journal.installed(monkeypatch), pytest.raises(OSError, match="could not"):
+        await compact(harness, A)
+    assert ("fsync-failed", "file") in journal.events
+    assert not any(e[0] == "rename" for e in journal.events)
+    assert entry_files(root) == {hex_of(B)}
+    assert index_rows(root) == {hex_of(B)}
+    assert temp_files(root) == []
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
+    # The write lock staged beside the fsync was given back: the next put goes through at once.
+    with anyio.fail_after(5):
+        assert (await compact(harness, A)).receipt.exact_cache == "stored"
+
+
+async def test_a_failed_directory_fsync_beside_the_commit_gives_no_receipt(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO from the directory's fsync fails the put even though the row committed beside it."""
+    await compact(harness, B)
+    journal = Journal(fail=_is_dir)
+    with journal.installed(monkeypatch), pytest.raises(OSError, match="could not"):
+        await compact(harness, A)
+    assert ("fsync-failed", "dir") in journal.events
+    # Nothing was handed out; whatever the index kept never reads as a wrong value.
+    read = await rc.response_compaction_read_exact(harness, ref_of(A), Exact)
+    assert read in (rc.Found(value=A), rc.Missing())
+    again = await compact(harness, A)
+    assert again.receipt.exact_ref == ref_of(A)
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_a_failed_directory_fsync_fails_the_stepwise_put_too(harness: rc.Harness) -> None:
+    """Through an injected backend (the stepwise writer), a directory fsync error is raised."""
+    failing = Journal(fail=_is_dir)
+
+    @contextlib.contextmanager
+    def in_thread(fn: Callable[..., Any]) -> Iterator[None]:
+        if getattr(fn, "__name__", "") != "publish":
+            yield
+            return
+        with pytest.MonkeyPatch.context() as patch, failing.installed(patch):
+            yield
+
+    faulty = with_backend(harness, FaultyBackend(in_thread=in_thread))
+    with pytest.raises(OSError, match="could not"):
+        await compact(faulty, A)
+    assert ("fsync-failed", "dir") in failing.events
+    assert (await compact(harness, A)).receipt.exact_ref == ref_of(A)
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_a_row_whose_file_never_reached_its_directory_is_written_again(
+    harness: rc.Harness,
+) -> None:
+    """A crash between COMMIT and the directory's fsync: the row reads Missing, then heals."""
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    entry_path(root, hex_of(A)).unlink()  # the row is durable, the name was not
+    assert index_rows(root) == {hex_of(A)}
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
+    await compact(harness, A)
+    assert entry_files(root) == {hex_of(A)}
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+    store = await open_store(harness.fs)
+    assert await store.prune() == 0
+    assert entry_files(root) == {hex_of(A)}
+
+
+def test_work_aside_returns_its_result_and_raises_its_error() -> None:
+    """Aside.wait gives what the helper's call returned, or raises what it raised."""
+    assert _aside.Aside(sum, (1, 2, 3)).wait() == 6
+    failing = _aside.Aside(_aside.fsync, 1 << 30)  # no such fd: fsync fails with EBADF
+    failing.join()  # returns once done, raising nothing
+    with pytest.raises(OSError, match="Bad file descriptor") as raised:
+        failing.wait()
+    assert raised.value.errno == errno.EBADF
+
+
+async def _temp_items(harness: rc.Harness, count: int) -> tuple[str, list[Publication]]:
+    """``count`` temp files in the store's ``tmp/``, each ready to publish under its own key."""
+    store = await open_store(harness.fs)
+    items = []
+    for i in range(count):
+        value = Exact(rows=[Row(id=i, name=f"row {i}")], total=1)
+        data, key = canonical(value), hex_of(value)
+        name = f"{secrets.token_hex(12)}.tmp"
+        (Path(store.root) / "tmp" / name).write_bytes(data)
+        items.append(
+            Publication(name, "exact", key, _index.Row(key, len(data), 1e12, None), 1.0, 100)
+        )
+    return store.root, items
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "eio"])
+async def test_a_group_commit_syncs_every_directory_beside_its_commit(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> None:
+    """publish_all fsyncs each renamed fan-out before it returns, and raises a failed fsync."""
+    root, items = await _temp_items(harness, 3)
+    fanouts = {item.key[:2] for item in items}
+    journal = Journal(fail=lambda fd: fail and _is_dir(fd))
+    index = _index.acquire(root)
+    try:
+        with journal.installed(monkeypatch):
+            if fail:
+                with pytest.raises(OSError, match="injected"):
+                    publish_all(index, items)
+            else:
+                assert publish_all(index, items) == [False, False, False]
+    finally:
+        _index.release(index)
+    outcome = "fsync-failed" if fail else "fsync-end"
+    assert journal.events.count((outcome, "dir")) == len(fanouts)
+    assert sum(e[0] == "rename" for e in journal.events) == len(items)
