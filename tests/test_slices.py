@@ -11,6 +11,7 @@ import pytest
 import response_compaction as rc
 from response_compaction._canonical import Span, iter_canonical
 from response_compaction._slices import decode_sliced, encode_layout
+from response_compaction._store._verify import WHOLE_DECODE_BYTES
 from tests._store_support import rewrite_layout, store_root, stored_layout
 from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
@@ -119,10 +120,10 @@ async def test_invalid_content_reports_msgspecs_whole_document_error() -> None:
 
 
 async def test_large_values_read_back_exactly_through_the_store(harness: rc.Harness) -> None:
-    """A value over the GC-pause threshold is stored with a layout and reads back Found."""
+    """A value over the whole-decode size is stored with a layout and reads back Found."""
     value = big_exact(40_000)
     compacted = await rc.response_compact(harness, value, Exact, Summary, OPTIONS)
-    assert compacted.receipt.exact_bytes > 1 << 20
+    assert compacted.receipt.exact_bytes > WHOLE_DECODE_BYTES
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
     assert found == rc.Found(value=value)
 
@@ -149,7 +150,7 @@ async def test_a_large_exact_output_is_verified_in_slices_and_equal(harness: rc.
     value = big_exact(40_000)
     options = {**OPTIONS, "summarize_above_bytes": 16_000_000}
     compacted = await rc.response_compact(harness, value, Exact, Summary, options)
-    assert compacted.receipt.exact_bytes > 1 << 20
+    assert compacted.receipt.exact_bytes > WHOLE_DECODE_BYTES
     assert compacted.output == rc.ExactOutput(value=value)
 
 
@@ -161,13 +162,13 @@ class TwoLists(msgspec.Struct, frozen=True):
 async def test_a_layout_with_swapped_field_names_cannot_swap_the_fields(
     harness: rc.Harness, workspace: rc.LocalWorkspace
 ) -> None:
-    """Swapping two fields' names in a stored layout still reads the true value (over 1 MiB)."""
+    """Swapping two fields' names in a stored layout still reads the true value (read sliced)."""
     value = TwoLists(
-        first=[f"first-{i:06d}" for i in range(60_000)],
-        second=[f"second-{i:06d}" for i in range(60_000)],
+        first=[f"first-{i:06d}" for i in range(150_000)],
+        second=[f"second-{i:06d}" for i in range(150_000)],
     )
     compacted = await rc.response_compact(harness, value, TwoLists, Summary, OPTIONS)
-    assert compacted.receipt.exact_bytes > 1 << 20
+    assert compacted.receipt.exact_bytes > WHOLE_DECODE_BYTES
     hex_digest = compacted.receipt.exact_digest.removeprefix("sha256:")
     root = store_root(workspace)
     spans = msgspec.json.decode(stored_layout(root, hex_digest), type=tuple[Span, ...])
@@ -189,9 +190,9 @@ async def test_a_span_moved_onto_a_field_whose_value_looks_like_the_marker_chang
     harness: rc.Harness, workspace: rc.LocalWorkspace
 ) -> None:
     """A forged span naming ``b`` over ``a``'s items is refused even when ``b`` holds ``[0]``."""
-    value = IntLists(a=list(range(200_000)), b=[0])
+    value = IntLists(a=list(range(400_000)), b=[0])
     compacted = await rc.response_compact(harness, value, IntLists, Summary, OPTIONS)
-    assert compacted.receipt.exact_bytes > 1 << 20
+    assert compacted.receipt.exact_bytes > WHOLE_DECODE_BYTES
     hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
     root = store_root(workspace)
     (span,) = msgspec.json.decode(stored_layout(root, hex_digest), type=tuple[Span, ...])
@@ -206,10 +207,10 @@ async def test_a_top_level_span_over_a_nested_array_changes_nothing(
     harness: rc.Harness, workspace: rc.LocalWorkspace
 ) -> None:
     """For a top-level list schema, a forged span over a nested array is not the whole value."""
-    value = [{"nested": [{"i": i} for i in range(150_000)]}, {"z": 1}]
+    value = [{"nested": [{"i": i} for i in range(300_000)]}, {"z": 1}]
     schema = list[dict[str, Any]]
     compacted = await rc.response_compact(harness, value, schema, Summary, OPTIONS)
-    assert compacted.receipt.exact_bytes > 1 << 20
+    assert compacted.receipt.exact_bytes > WHOLE_DECODE_BYTES
     data = msgspec.json.encode(value, order="sorted")
     start = data.index(b"[", 1)
     end = data.index(b"]", start) + 1

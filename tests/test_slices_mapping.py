@@ -22,6 +22,7 @@ from response_compaction._slices import (
     open_layout,
     seal_layout,
 )
+from response_compaction._store._verify import WHOLE_DECODE_BYTES
 from tests._store_support import rewrite_layout, store_root, stored_layout
 from tests.schemas import FALLBACK, Summary
 from tests.test_slices import CountingCheckpoint
@@ -204,11 +205,11 @@ async def test_read_part_leaves_mapping_spans_to_the_whole_scan() -> None:
 async def test_a_large_dict_round_trips_through_the_store(
     harness: rc.Harness, workspace: rc.LocalWorkspace
 ) -> None:
-    """Over 1 MiB, the exact output and read_exact are equal, and the index holds the span."""
-    value = strings(60_000)
+    """Read sliced, the exact output and read_exact are equal, and the index holds the span."""
+    value = strings(120_000)
     options = {**OPTIONS, "summarize_above_bytes": 16_000_000}
     compacted = await rc.response_compact(harness, value, Strings, Summary, options)
-    assert compacted.receipt.exact_bytes > 1 << 20
+    assert compacted.receipt.exact_bytes > WHOLE_DECODE_BYTES
     assert compacted.output == rc.ExactOutput(value=value)
     found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Strings)
     assert found == rc.Found(value=value)
@@ -223,11 +224,11 @@ async def test_a_forged_mapping_span_in_the_index_cannot_change_the_value(
 ) -> None:
     """Swapping two dict fields' names in the stored layout still reads the true value."""
     value = TwoMaps(
-        first={f"a{i:06d}": i for i in range(80_000)},
-        second={f"b{i:06d}": -i for i in range(80_000)},
+        first={f"a{i:06d}": i for i in range(150_000)},
+        second={f"b{i:06d}": -i for i in range(150_000)},
     )
     compacted = await rc.response_compact(harness, value, TwoMaps, Summary, OPTIONS)
-    assert compacted.receipt.exact_bytes > 1 << 20
+    assert compacted.receipt.exact_bytes > WHOLE_DECODE_BYTES
     hex_digest = compacted.receipt.exact_ref.removeprefix("rc1:")
     root = store_root(workspace)
     spans = decode_layout(stored_layout(root, hex_digest))

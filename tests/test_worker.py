@@ -41,10 +41,11 @@ async def main():
     await rc.response_compact(harness, FALLBACK, Summary, Summary, OPTIONS)
     while _pool.POOL.ready_count() < 1:  # the pool starts in the background
         await SLEEP(0.01)
-    good = await rc.response_compact(harness, big_exact(20_000), Exact, Summary, OPTIONS)
+    # Over 2 MiB: streamed, so even a value stored alone is verified by a pool worker.
+    good = await rc.response_compact(harness, big_exact(50_000), Exact, Summary, OPTIONS)
     print("good", good.receipt.exact_cache, _pool.POOL.calls)
     # An instance is taken as it is; only its canonical bytes show total=-1 breaks ge=0.
-    bad = Exact(rows=big_exact(20_000).rows, total=-1)
+    bad = Exact(rows=big_exact(50_000).rows, total=-1)
     for schema in (Exact, Local):
         value = bad if schema is Exact else Local(rows=bad.rows, total=-1)
         try:
@@ -52,7 +53,7 @@ async def main():
             print("accepted", schema.__name__)
         except ValueError:
             print("refused", schema.__name__)
-    local = await rc.response_compact(harness, Local(rows=big_exact(20_001).rows, total=1),
+    local = await rc.response_compact(harness, Local(rows=big_exact(50_001).rows, total=1),
                                       Local, Summary, OPTIONS)
     print("local", local.receipt.exact_cache)
 

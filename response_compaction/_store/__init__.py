@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import anyio.lowlevel
+
 from .. import _pool
 from .._canonical import Span, decode_exact
 from .._digest import digest_hex, digest_of
@@ -50,10 +52,11 @@ from .._slices import decode_layout
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
 from ._key import KEY_NAME, load_key, read_key
+from ._medium import MEDIUM_BYTES, Medium
 from ._oneshot import NOT_INLINE, SMALL_BYTES, put_small, read_checked, read_inline
 from ._paths import KINDS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
-from ._stepwise import Stepwise, Stored
-from ._turns import cpu_turn, pace
+from ._stepwise import Stored
+from ._turns import cpu_turn, pace, storing
 from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_value
 
 __all__ = [
@@ -154,7 +157,7 @@ _prepared: dict[tuple[int, str], tuple[str, bytes, tuple[int, ...]]] = {}
 _stores: dict[tuple[int, str, FileBackend], tuple[Store, tuple[int, ...]]] = {}
 
 
-class Store(Stepwise):
+class Store(Medium):
     """Content-addressed entries under an owned root, with TTL and LRU in an index."""
 
     def __init__(
@@ -196,17 +199,24 @@ class Store(Stepwise):
         either way nothing is published and no temporary file is left behind, also when
         cancelled.
         """
-        if self._fast:
-            async with cpu_turn():
-                head, _, rest = _gather(pieces, SMALL_BYTES)
+        if not self._fast:
+            return await self._put_streaming(
+                kind, pieces, key, schema, ttl_seconds, max_entries, want_value_up_to, layout
+            )
+        async with cpu_turn():
+            head, size, rest = _gather(iter(pieces), SMALL_BYTES)
+        if rest is None:
+            data = b"".join(head)
+            return await self._put_small(kind, key, data, layout, schema, ttl_seconds,
+                                         max_entries, want_value_up_to)  # fmt: skip
+        with storing():
+            size, rest = await _gather_more(head, size, rest, MEDIUM_BYTES)
             if rest is None:
-                data = b"".join(head)
-                return await self._put_small(kind, key, data, layout, schema, ttl_seconds,
-                                             max_entries, want_value_up_to)  # fmt: skip
-            pieces = itertools.chain(head, rest)
-        return await self._put_streaming(
-            kind, pieces, key, schema, ttl_seconds, max_entries, want_value_up_to, layout
-        )
+                return await self._put_medium(kind, key, head, size, layout, schema, ttl_seconds,
+                                              max_entries, size <= want_value_up_to)  # fmt: skip
+            return await self._put_streaming(kind, itertools.chain(head, rest), key, schema,
+                                             ttl_seconds, max_entries, want_value_up_to,
+                                             layout)  # fmt: skip
 
     async def _put_small(
         self,
@@ -304,10 +314,9 @@ class Store(Stepwise):
 
 
 def _gather(
-    pieces: Iterable[bytes | memoryview], limit: int
+    it: Iterator[bytes | memoryview], limit: int
 ) -> tuple[list[bytes | memoryview], int, Iterator[bytes | memoryview] | None]:
-    """Consume ``pieces`` until more than ``limit`` bytes: (head, its size, the rest or None)."""
-    it = iter(pieces)
+    """Consume ``it`` until more than ``limit`` bytes: (head, its size, the rest or None)."""
     head: list[bytes | memoryview] = []
     size = 0
     for piece in it:
@@ -316,3 +325,25 @@ def _gather(
         if size > limit:
             return head, size, it
     return head, size, None
+
+
+async def _gather_more(
+    head: list[bytes | memoryview], size: int, it: Iterator[bytes | memoryview], limit: int
+) -> tuple[int, Iterator[bytes | memoryview] | None]:
+    """Go on consuming ``it`` into ``head`` up to ``limit`` bytes, one loop turn per piece.
+
+    Returns the size gathered and the rest, or None when ``it`` ended. After a large piece
+    the loop gets a turn, as it does between the writes of a streamed value: back to back,
+    the pieces of a large value froze a 10 MB compaction's loop for 12-17 ms instead of 5-10.
+    """
+    turn = cpu_turn()
+    while size <= limit:
+        async with turn:  # encoding the next piece holds the loop
+            piece = next(it, None)
+        if piece is None:
+            return size, None
+        head.append(piece)
+        size += len(piece)
+        if len(piece) >= SMALL_BYTES:
+            await anyio.lowlevel.checkpoint()
+    return size, it

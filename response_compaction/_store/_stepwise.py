@@ -34,7 +34,7 @@ from ._paths import Kind, NotRegularFileError, open_dir, open_fanout, opener, un
 from ._turns import cpu_turn
 from ._verify import check_trusted, decoded_value, read_all, seal, sealed_layout, verify_file
 
-__all__ = ["LOCK_WAIT_SECONDS", "Stepwise", "Stored"]
+__all__ = ["INDEX_ERRORS", "LOCK_WAIT_SECONDS", "Stepwise", "Stored", "beside"]
 
 T = TypeVar("T")
 INDEX_ERRORS = "could not use the store index"
@@ -180,7 +180,7 @@ class Stepwise:
                 use_worker=self._fast,
             )
             fsync = functools.partial(backend.run, os.fsync, file.fileno())
-            value = await _beside(fsync, verify)
+            value = await beside(fsync, verify)
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
                 await file.close()
@@ -201,15 +201,15 @@ class Stepwise:
                 piece = next(it, None)
                 # Others waiting for the loop: hash a big piece in a worker thread (hashing
                 # lets go of the GIL) beside its write. Alone, the extra hop costs more.
-                beside = piece is not None and len(piece) >= HASH_BESIDE_BYTES and turn.wanted()
-                if piece is not None and not beside:
+                aside = piece is not None and len(piece) >= HASH_BESIDE_BYTES and turn.wanted()
+                if piece is not None and not aside:
                     hasher.update(piece)
             if piece is None:
                 break
             size += len(piece)
-            if beside:
+            if aside:
                 update = functools.partial(self._backend.run, hasher.update, piece)
-                await _beside(update, functools.partial(write_all, file, piece))
+                await beside(update, functools.partial(write_all, file, piece))
             else:
                 await write_all(file, piece)
         return hasher.hexdigest(), size
@@ -270,7 +270,7 @@ class Stepwise:
             raise
 
 
-async def _beside(blocking: Callable[[], Awaitable[object]], work: Callable[[], Awaitable[T]]) -> T:
+async def beside(blocking: Callable[[], Awaitable[object]], work: Callable[[], Awaitable[T]]) -> T:
     """``work()`` while ``blocking()`` (a worker-thread call) runs beside it.
 
     A failure of ``blocking`` wins over one of ``work``; neither is wrapped in a group.

@@ -7,18 +7,24 @@ steps keeps one of them ready at a time; the I/O between them still overlaps.
 
 Writers of one index in this process queue on an event-loop lock instead of each holding a
 worker thread while it polls SQLite's lock (the retry loop stays, for other processes).
+
+And each loop counts the values larger than a small one it is storing right now
+(:func:`storing`): one stored alone is verified in a thread of this process, one of many in
+the pool's worker processes, so that many at once use every core.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import anyio
 import anyio.lowlevel
 from anyio.lowlevel import RunVar
 
-__all__ = ["cpu_turn", "next_turn", "pace", "writer_turn"]
+__all__ = ["cpu_turn", "next_turn", "others_storing", "pace", "storing", "writer_turn"]
 
 _CPU: RunVar[_Turn] = RunVar("response_compaction_cpu_turn")
 _paced = threading.local()
@@ -28,6 +34,7 @@ PACE_SECONDS = 0.001
 #: them yields while holding the turn, so the others queue behind it and the loop runs timers.
 STEPS_SECONDS = 0.01
 _WRITERS: RunVar[dict[str, anyio.Lock]] = RunVar("response_compaction_writer_turns")
+_STORING: RunVar[list[int]] = RunVar("response_compaction_storing")
 
 
 class _Turn:
@@ -122,3 +129,28 @@ def writer_turn(root: str) -> anyio.Lock:
     if lock is None:
         lock = locks[root] = anyio.Lock()
     return lock
+
+
+def _storing_count() -> list[int]:
+    try:
+        return _STORING.get()
+    except LookupError:
+        count = [0]
+        _STORING.set(count)
+        return count
+
+
+@contextlib.contextmanager
+def storing() -> Iterator[None]:
+    """Count one value being stored on this event loop for as long as the block runs."""
+    count = _storing_count()
+    count[0] += 1
+    try:
+        yield
+    finally:
+        count[0] -= 1
+
+
+def others_storing() -> bool:
+    """Whether this event loop is storing another value beside the caller's (see storing)."""
+    return _storing_count()[0] > 1

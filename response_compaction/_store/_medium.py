@@ -1,0 +1,364 @@
+"""Values of up to a few MB, whole in memory: the streaming algorithm in one hop.
+
+The call-by-call algorithm (``_stepwise``) takes about ten worker-thread hops per value (open
+the temp directory, open the file, a write per piece, fsync, open, read and close to read it
+back, a hash, the index, the publish, the closes), and verifies a value over half a megabyte in
+a worker process, a round trip of about 2 ms. For 1 MB that was a third of the time the work
+itself takes. A value the encoder gave whole (up to ``MEDIUM_BYTES``) goes through the same
+steps in the same order, with the same checks, in one worker-thread call (:func:`_store_here`):
+create the temp file, write every piece (looping on short writes) and hash it, hand its fsync
+to a syncer thread, read it back by name, check its keyed digest, decode it against the schema
+(GC paused), wait for the fsync, then publish it (rename, directory fsync, row). The read-back
+sees the bytes written whether or not they are on disk yet, and nothing is published before
+the fsync and the verification both ended. The syncer is started before the decode because
+msgspec holds the GIL while it decodes: a thread asked for the fsync afterwards only began
+once the decode was over, so the two ran one after the other.
+
+That is for a value stored alone on its event loop: decoding a few MB holds the GIL for a few
+milliseconds, which the caller's loop can spare, and the value a receipt hands back is that
+decode's, decoded once. While others are being stored on the loop (and nobody wants the value
+back), the pool's worker processes verify it instead (``_verifiers``), so that many values at
+once use every core, and the publish joins the loop's group commit (``_group``).
+
+Only the library's own file backends take this path; an injected backend (the tests' fault
+seam) gets the streaming algorithm, call by call.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import errno
+import functools
+import os
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import anyio
+
+from .. import _pool, _verifiers
+from .._canonical import Span
+from .._digest import new_hasher
+from .._errors import map_errors
+from .._perf import paused_gc
+from . import _index
+from ._commit import Publication, publish
+from ._group import publish_grouped
+from ._index import IndexBusy
+from ._paths import FILE_FLAGS, Kind, open_dir, regular_opener, unlink_quietly
+from ._stepwise import INDEX_ERRORS, Stepwise, Stored
+from ._turns import others_storing
+from ._verify import WORKER_VERIFY_BYTES, checked_decode
+
+__all__ = ["MEDIUM_BYTES", "Medium"]
+
+#: Values up to this size are gathered whole on the loop and stored in one hop; decoding this
+#: much holds the GIL for about 5-10 ms, reading it back from the page cache far less.
+MEDIUM_BYTES = 2 << 20
+#: Syncer threads: a few fsyncs at once keep a disk busy; more only queue in the kernel.
+SYNCERS = 4
+
+
+class _Temp:
+    """A temporary file being written: its directory's fd, its own fd (until closed), name.
+
+    Its fsync runs in one of this module's syncer threads, started as soon as it is written:
+    a worker thread started later waits for the GIL while the verification decodes (msgspec
+    holds it throughout), so an fsync asked for beside the decode began after it.
+    """
+
+    __slots__ = ("dir_fd", "fd", "name", "synced")
+
+    def __init__(self, dir_fd: int, fd: int, name: str) -> None:
+        self.dir_fd = dir_fd
+        self.fd = fd
+        self.name = name
+        self.synced: concurrent.futures.Future[None] | None = None
+
+    def start_sync(self) -> None:
+        """Blocking: have a syncer thread fsync and close the file; return once it began."""
+        began = threading.Event()
+
+        def sync() -> None:
+            began.set()
+            self._sync_close()
+
+        try:
+            self.synced = _syncers().submit(sync)
+        except RuntimeError:  # the interpreter is shutting down: no new threads
+            return  # wait_synced then syncs in the caller's thread
+        began.wait()
+
+    def _sync_close(self) -> None:
+        fd, self.fd = self.fd, -1
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # a failing close after fsync is still a failure to retain
+
+    def synced_already(self) -> bool:
+        """Whether the syncer has fsynced and closed the file (or failed to) by now."""
+        return self.synced is not None and self.synced.done()
+
+    def wait_synced(self) -> None:
+        """Blocking: wait for the fsync and close; raise ``OSError`` if either failed."""
+        if self.synced is None:
+            self._sync_close()
+        else:
+            self.synced.result()
+
+    def discard(self, *, published: bool) -> None:
+        """Blocking: close what is still open, and unlink the file unless it was published."""
+        try:
+            if self.synced is not None:
+                with contextlib.suppress(OSError):
+                    self.synced.result()  # the syncer owns the file's fd until it is done
+            elif self.fd >= 0:
+                fd, self.fd = self.fd, -1
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if not published:
+                unlink_quietly(self.name, self.dir_fd)
+        finally:
+            os.close(self.dir_fd)
+
+
+_syncers_lock = threading.Lock()
+_syncers_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _syncers() -> concurrent.futures.ThreadPoolExecutor:
+    """The syncer threads of this process: they only ever fsync and close, never wait on us."""
+    global _syncers_pool
+    with _syncers_lock:
+        if _syncers_pool is None:
+            _syncers_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=SYNCERS, thread_name_prefix="rc-fsync"
+            )
+        return _syncers_pool
+
+
+def _after_fork() -> None:
+    global _syncers_pool
+    # The parent's threads do not exist in a forked child: a pool that believes they idle
+    # would queue work that never runs.
+    _syncers_pool = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _write_temp(
+    tmp_path: str, name: str, pieces: Sequence[bytes | memoryview], key: bytes
+) -> tuple[_Temp, str]:
+    """Blocking: create ``name`` in ``tmp_path``, write and hash ``pieces``: (temp, digest)."""
+    dir_fd = open_dir(tmp_path, False)
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=dir_fd)
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    temp = _Temp(dir_fd, fd, name)
+    try:
+        hasher = new_hasher(key)
+        for piece in pieces:
+            hasher.update(piece)  # lets go of the GIL for large pieces
+            _write_all(fd, piece)
+        temp.start_sync()
+    except BaseException:
+        temp.discard(published=False)
+        raise
+    return temp, hasher.hexdigest()
+
+
+class _Done(NamedTuple):
+    """What :func:`_store_here` did: the digest, the value, and whether the key was live.
+
+    ``reused`` None: the index was busy (another process holds its write lock), so the
+    verified temp file is left for the caller to publish patiently, its directory fd open.
+    """
+
+    temp: _Temp
+    hex_digest: str
+    value: Any
+    reused: bool | None
+
+
+def _store_here(
+    root: str, name: str, pieces: Sequence[bytes | memoryview], size: int, schema: Any,
+    key: bytes, want_value: bool, item: Callable[[str], Publication],
+) -> _Done:  # fmt: skip
+    """Blocking: write, verify and publish in this one worker thread (see the module docstring).
+
+    ``item`` makes the publication from the digest. The temp file is discarded if it does
+    not verify (``ValueError``) or anything else fails. A value nobody wants is freed here.
+    """
+    temp, hex_digest = _write_temp(os.path.join(root, "tmp"), name, pieces, key)
+    try:
+        value = _verify_temp(temp, hex_digest, size, schema, key)
+        if not want_value:
+            value = None
+        reused = _publish_now(root, item(hex_digest))
+        if reused is None:
+            return _Done(temp, hex_digest, value, None)
+    except BaseException:
+        temp.discard(published=False)
+        raise
+    os.close(temp.dir_fd)  # a directory's fd: nothing to flush
+    return _Done(temp, hex_digest, value, reused)
+
+
+def _publish_now(root: str, publication: Publication) -> bool | None:
+    """Blocking: :func:`publish` at once; None if the index is busy (another process)."""
+    try:
+        with map_errors(INDEX_ERRORS):
+            index = _index.acquire(root)
+        try:
+            with map_errors(f"could not publish the {publication.kind} value in the store index"):
+                return publish(index, *publication)
+        finally:
+            _index.release(index)
+    except IndexBusy:
+        return None
+
+
+def _write_all(fd: int, piece: bytes | memoryview) -> None:
+    view = memoryview(piece).cast("B")
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]
+
+
+def _verify_temp(temp: _Temp, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
+    """Blocking: read the temp file back, check its keyed digest and decode it: the value.
+
+    Raises ``ValueError`` saying what is wrong. At most one byte more than written is read:
+    enough to tell that the file grew.
+    """
+    fd = regular_opener(temp.dir_fd)(temp.name, os.O_RDONLY)
+    try:
+        data = os.read(fd, size + 1)
+        while len(data) <= size and (chunk := os.read(fd, size + 1 - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    with paused_gc():  # a young collection over the fresh tree costs more than the decode
+        value = checked_decode(data, hex_digest, size, schema, key)
+    temp.wait_synced()
+    return value
+
+
+class Medium(Stepwise):
+    """The put of a value whole in memory (see the module docstring)."""
+
+    async def _put_medium(
+        self,
+        kind: Kind,
+        key: str | None,
+        pieces: Sequence[bytes | memoryview],
+        size: int,
+        layout: list[Span] | None,
+        schema: Any,
+        ttl_seconds: int,
+        max_entries: int,
+        want_value: bool,
+    ) -> Stored:
+        name = f"{secrets.token_hex(12)}.tmp"
+        item = functools.partial(self._item, kind, key, name, size, layout, ttl_seconds,
+                                 max_entries)  # fmt: skip
+        backend = self._backend
+        with map_errors(f"could not retain the {kind} value"):
+            # A worker process verifies only a value nobody wants back (it would be decoded
+            # twice), and only while others are being stored on this loop.
+            if not want_value and size >= WORKER_VERIFY_BYTES and others_storing():
+                return await self._put_elsewhere(name, pieces, size, schema, item)
+            done = await backend.run(
+                _store_here, self.root, name, pieces, size, schema, self._key, want_value, item
+            )
+            reused = done.reused
+            if reused is None:  # the index was busy: publish patiently, then clean up
+                reused = await self._publish_temp(done.temp, item(done.hex_digest))
+        return Stored(hex_digest=done.hex_digest, size=size, reused=reused, value=done.value)
+
+    def _item(
+        self,
+        kind: Kind,
+        key: str | None,
+        name: str,
+        size: int,
+        layout: list[Span] | None,
+        ttl_seconds: int,
+        max_entries: int,
+        hex_digest: str,
+    ) -> Publication:
+        """The publication of temp file ``name`` once its digest is known (any thread)."""
+        now = self.clock()
+        entry = key or hex_digest
+        row = self._new_row(kind, entry, hex_digest, size, now + ttl_seconds, layout)
+        return Publication(name, kind, entry, row, now, max_entries)
+
+    async def _put_elsewhere(
+        self,
+        name: str,
+        pieces: Sequence[bytes | memoryview],
+        size: int,
+        schema: Any,
+        item: Callable[[str], Publication],
+    ) -> Stored:
+        """Write here, verify in a pool worker, publish in a group commit (many at once)."""
+        tmp_path = os.path.join(self.root, "tmp")
+        temp, hex_digest = await self._backend.run(_write_temp, tmp_path, name, pieces, self._key)
+        try:
+            await self._verify_elsewhere(temp, hex_digest, size, schema)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._backend.run(functools.partial(temp.discard, published=False))
+            raise
+        reused = await self._publish_temp(temp, item(hex_digest))
+        return Stored(hex_digest=hex_digest, size=size, reused=reused)
+
+    async def _publish_temp(self, temp: _Temp, publication: Publication) -> bool:
+        """Publish the verified ``temp`` (group commit, patient), then let go of it."""
+        published = False
+        try:
+            reused = await self._publish_item(publication)
+            published = True
+        finally:
+            if published:
+                os.close(temp.dir_fd)  # a directory's fd: nothing to flush
+            else:
+                with anyio.CancelScope(shield=True):
+                    await self._backend.run(functools.partial(temp.discard, published=False))
+        return reused
+
+    async def _verify_elsewhere(self, temp: _Temp, hex_digest: str, size: int, schema: Any) -> None:
+        """Verify in a pool worker, or in a thread here when none is free; ``ValueError``."""
+        path = os.path.join(self.root, "tmp", temp.name)
+        problem = await _verifiers.verify(path, hex_digest, size, schema, self._key)
+        if problem is _pool.NOT_DONE:
+            await self._backend.run(_verify_temp, temp, hex_digest, size, schema, self._key)
+            return
+        if temp.synced_already():
+            temp.wait_synced()  # done: only its outcome to read, no hop
+        else:
+            await self._backend.run(temp.wait_synced)
+        if problem is not None:
+            raise ValueError(problem)
+
+    async def _publish_item(self, item: Publication) -> bool:
+        """Publish ``item`` in a group commit; whether its key was live before."""
+        with map_errors(INDEX_ERRORS):
+            # Open already: no hop to take it (releasing on the loop leaves closing idle
+            # indexes, a checkpoint, to a worker thread's next release).
+            index = _index.acquire_now(self.root)
+            if index is None:
+                index = await self._patiently(_index.acquire, self.root)
+        try:
+            with map_errors(f"could not publish the {item.kind} value in the store index"):
+                return await publish_grouped(self._patiently, index, item)
+        finally:
+            _index.release(index, close_idle=False)

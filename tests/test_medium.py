@@ -1,0 +1,254 @@
+"""Medium values (256 KB to 2 MiB): encoded whole, stored in one worker-thread call when alone.
+
+Every guarantee of the streaming algorithm holds on this path too: the bytes are written to a
+temp file, fsynced with their directory, read back, digest-checked and schema-validated before
+the receipt; a value that does not validate, or a cancelled call, leaves no temp file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+import response_compaction as rc
+from response_compaction import _pool
+from response_compaction._canonical import PIECE_BYTES, Span, iter_canonical
+from response_compaction._digest import digest_hex
+from response_compaction._store._medium import MEDIUM_BYTES
+from response_compaction._store._turns import storing
+from response_compaction._store._verify import DIGEST_BESIDE_BYTES, checked_decode
+from tests._store_support import (
+    TEST_KEY,
+    canonical,
+    compact,
+    entry_files,
+    entry_path,
+    hex_of,
+    index_rows,
+    ref_of,
+    seed_key,
+    store_root,
+    stored_layout,
+    temp_files,
+)
+from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
+from tests.test_store_durability import FsyncRecorder
+
+pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).resolve().parent.parent
+#: About 960 KB of canonical JSON: over the one-hop size of small values, under MEDIUM_BYTES.
+MEDIUM_ROWS = 16_000
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
+async def _ready_pool() -> None:
+    _pool.POOL.start()
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= 1, 60)
+
+
+def test_a_long_array_the_sample_calls_small_is_one_piece() -> None:
+    """A 300-item list projected under two pieces is one slice; a longer one is sliced."""
+    small = big_exact(300)  # about 18 KB against 2 x 16 KB pieces
+    layout: list[Span] = []
+    data = b"".join(bytes(p) for p in iter_canonical(small, 16 << 10, layout))
+    assert data == msgspec.json.encode(small, order="sorted")
+    (span,) = layout
+    assert len(span.slices) == 1
+    assert span.counts == (300,)
+    large = big_exact(1200)  # about 72 KB: more than two pieces
+    layout = []
+    data = b"".join(bytes(p) for p in iter_canonical(large, 16 << 10, layout))
+    assert data == msgspec.json.encode(large, order="sorted")
+    (span,) = layout
+    assert len(span.slices) > 1
+
+
+def test_a_spread_sample_sees_large_items_at_the_end() -> None:
+    """Small items first and large ones last: the sample sees both, so the list is sliced."""
+    rows = [Row(id=i, name="") for i in range(600)]
+    rows += [Row(id=i, name="n" * 2000) for i in range(600, 700)]
+    value = Exact(rows=rows, total=len(rows))
+    layout: list[Span] = []
+    data = b"".join(bytes(p) for p in iter_canonical(value, 64 << 10, layout))
+    assert data == msgspec.json.encode(value, order="sorted")
+    (span,) = layout
+    assert len(span.slices) > 1
+
+
+def test_a_dict_the_sample_calls_small_is_one_piece_without_a_span() -> None:
+    """A dict projected under half a piece is written whole, with no mapping span; one over it
+    is sliced (an object left whole is decoded with the rest of its document on reads)."""
+    small = {f"k{i:05d}": i for i in range(1000)}  # about 12 KB against 64 KB pieces
+    layout: list[Span] = []
+    pieces = [bytes(p) for p in iter_canonical(small, 64 << 10, layout)]
+    assert b"".join(pieces) == msgspec.json.encode(small, order="sorted")
+    assert layout == []
+    assert len(pieces) == 3  # the brace, every member, the brace
+    large = {f"k{i:05d}": i for i in range(4000)}  # about 50 KB: over half a 64 KB piece
+    layout = []
+    data = b"".join(bytes(p) for p in iter_canonical(large, 64 << 10, layout))
+    assert data == msgspec.json.encode(large, order="sorted")
+    (span,) = layout
+    assert span.mapping
+    assert len(span.slices) > 1
+
+
+def test_a_medium_value_is_one_piece_at_the_default_size() -> None:
+    """A 1 MB list of rows is encoded in one piece by default (no slices to cut or copy)."""
+    value = big_exact(MEDIUM_ROWS)
+    layout: list[Span] = []
+    pieces = [bytes(p) for p in iter_canonical(value, PIECE_BYTES, layout)]
+    assert max(len(p) for p in pieces) > PIECE_BYTES // 2
+    (span,) = layout
+    assert len(span.slices) == 1
+
+
+def test_a_nan_in_a_value_encoded_whole_is_refused_with_its_path() -> None:
+    """The whole encoding keeps the refusal of NaN, naming its path from the top."""
+    values = [0.5] * 5000
+    values[4321] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or infinity at `\$\[4321\]`"):
+        b"".join(iter_canonical(values))
+
+
+async def test_a_medium_value_stored_alone_is_verified_here_and_reads_back(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """Stored alone, a ~1 MB value is verified without a pool worker and reads back equal."""
+    await _ready_pool()
+    value = big_exact(MEDIUM_ROWS)
+    before = _pool.POOL.calls
+    out = await compact(harness, value)
+    assert _pool.POOL.calls == before
+    assert 256 << 10 < out.receipt.exact_bytes <= MEDIUM_BYTES
+    assert out.receipt.exact_cache == "stored"
+    assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Found(
+        value=value
+    )
+    root = store_root(workspace)
+    assert temp_files(root) == []
+    (span,) = msgspec.json.decode(stored_layout(root, hex_of(value)), type=list[Span])
+    assert span.field == "rows"
+
+
+async def test_a_medium_value_stored_beside_another_is_verified_by_a_worker(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """While another value is being stored on the loop, a pool worker verifies this one."""
+    await _ready_pool()
+    value = big_exact(MEDIUM_ROWS)
+    before = _pool.POOL.calls
+    with storing():  # another value being stored on this loop meanwhile
+        out = await compact(harness, value)
+    assert _pool.POOL.calls == before + 1
+    assert out.receipt.exact_cache == "stored"
+    assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Found(
+        value=value
+    )
+    assert temp_files(store_root(workspace)) == []
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside another"])
+async def test_a_medium_value_that_does_not_validate_leaves_nothing(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, beside: bool
+) -> None:
+    """Bytes that break the schema (total < 0) are refused, with no temp file or entry left."""
+    await _ready_pool()
+    await compact(harness, big_exact(1))
+    bad = Exact(rows=big_exact(MEDIUM_ROWS).rows, total=-1)
+    others = storing() if beside else contextlib.nullcontext()
+    with others, pytest.raises(ValueError, match=r">= 0 - at `\$\.total`"):
+        await compact(harness, bad)
+    root = store_root(workspace)
+    assert temp_files(root) == []
+    assert entry_files(root) == index_rows(root) == {hex_of(big_exact(1))}
+
+
+async def test_a_medium_value_is_fsynced_with_its_directory_before_the_receipt(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """The entry's file and its fan-out directory were fsynced by the time the receipt came."""
+    await compact(harness, big_exact(1))  # the store and its directories exist already
+    recorder = FsyncRecorder()
+    value = big_exact(MEDIUM_ROWS)
+    with recorder(os.fsync):
+        await compact(harness, value)
+    entry = entry_path(store_root(workspace), hex_of(value))
+    assert _identity(entry) in recorder.synced
+    assert _identity(entry.parent) in recorder.synced
+
+
+async def test_the_exact_output_of_a_medium_value_is_the_decode_of_its_stored_bytes(
+    harness: rc.Harness,
+) -> None:
+    """Under the threshold the output is the value decoded from the bytes read back: equal to
+    the input, never the input object itself."""
+    value = big_exact(MEDIUM_ROWS)
+    options: dict[str, Any] = {"fallback": FALLBACK, "ladder": "cheap",
+                               "summarize_above_bytes": MEDIUM_BYTES}  # fmt: skip
+    out = await rc.response_compact(harness, value, Exact, Summary, options)
+    assert isinstance(out.output, rc.ExactOutput)
+    assert out.output.value == value
+    assert out.output.value is not value
+    assert out.output.value.rows[0] is not value.rows[0]
+
+
+@pytest.mark.slow
+async def test_a_busy_index_leaves_the_verified_value_to_a_patient_publish(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """Another process holds the write lock: the verified value waits to be published, and a
+    deadline that ends the wait removes its temp file; once the lock is free it is stored."""
+    ws = tmp_path / "ws"
+    seed_key(ws)
+    harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+    await compact(harness, big_exact(1))
+    value = big_exact(MEDIUM_ROWS)
+    command = [sys.executable, "-m", "tests._store_child", "hold", str(ws), anyio_backend]
+    async with await anyio.open_process(command, cwd=REPO) as process:
+        assert process.stdout is not None
+        assert process.stdin is not None
+        line = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 64)
+        assert line == b"locked"
+        with anyio.move_on_after(0.5) as scope:
+            await compact(harness, value)
+        assert scope.cancelled_caught
+        assert temp_files(store_root(ws)) == []
+        await process.stdin.aclose()
+        assert await process.wait() == 0
+    assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Missing()
+    await compact(harness, value)
+    assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Found(
+        value=value
+    )
+
+
+@pytest.mark.parametrize("rows", [MEDIUM_ROWS, 80_000], ids=["in turn", "beside"])
+def test_a_checked_decode_reports_the_digest_before_the_schema(rows: int) -> None:
+    """Digest beside the decode or not: the value when both hold, a digest or length mismatch
+    over any decode problem, and the decode problem when only the schema fails."""
+    good, bad = big_exact(rows), Exact(rows=big_exact(rows).rows, total=-1)
+    good_data, bad_data = canonical(good), canonical(bad)
+    assert (len(bad_data) >= DIGEST_BESIDE_BYTES) == (rows == 80_000)
+    good_hex, bad_hex = digest_hex(TEST_KEY, good_data), digest_hex(TEST_KEY, bad_data)
+    assert checked_decode(good_data, good_hex, len(good_data), Exact, TEST_KEY) == good
+    with pytest.raises(ValueError, match=r">= 0 - at `\$\.total`"):
+        checked_decode(bad_data, bad_hex, len(bad_data), Exact, TEST_KEY)
+    for data, wrong in ((bad_data, good_hex), (good_data, bad_hex)):
+        with pytest.raises(ValueError, match="do not match their digest"):
+            checked_decode(data, wrong, len(data), Exact, TEST_KEY)
+    with pytest.raises(ValueError, match="not as long"):
+        checked_decode(bad_data, bad_hex, len(bad_data) + 1, Exact, TEST_KEY)
