@@ -23,40 +23,61 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["MAX_THREADS", "Aside", "fsync"]
+__all__ = ["MAX_THREADS", "Aside", "begun", "executor", "fsync"]
 
 T = TypeVar("T")
 
 #: Helper threads at most (each runs one task at a time; they exit with the interpreter).
 MAX_THREADS = 4
 
-_pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+#: Per process and name: (pid, pool). A forked child has none of its parent's threads.
+_pools: dict[str, tuple[int, concurrent.futures.ThreadPoolExecutor]] = {}
 _lock = threading.Lock()
 
 
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    held = _pool
-    if held is None or held[0] != os.getpid():  # a forked child has none of the threads
+def executor(name: str = "aside") -> concurrent.futures.ThreadPoolExecutor:
+    """The pool of ``MAX_THREADS`` helper threads called ``name`` in this process.
+
+    Pools with different names never wait on each other's jobs: ``_medium``'s syncers only
+    fsync and close, so they are never queued behind checks waiting for the index's lock.
+    """
+    held = _pools.get(name)
+    if held is None or held[0] != os.getpid():
         with _lock:
-            if _pool is None or _pool[0] != os.getpid():
-                _pool = (
-                    os.getpid(),
-                    concurrent.futures.ThreadPoolExecutor(
-                        MAX_THREADS, thread_name_prefix="response-compaction-fsync"
-                    ),
+            held = _pools.get(name)
+            if held is None or held[0] != os.getpid():
+                pool = concurrent.futures.ThreadPoolExecutor(
+                    MAX_THREADS, thread_name_prefix=f"response-compaction-{name}"
                 )
-            held = _pool
+                held = _pools[name] = (os.getpid(), pool)
     return held[1]
 
 
 def _forget_in_child() -> None:
-    global _lock, _pool
+    global _lock
     _lock = threading.Lock()  # it may have been held by a thread that does not exist here
-    _pool = None
+    _pools.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def begun(name: str, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+    """``fn()`` in a thread of pool ``name``, returned once that thread has begun it.
+
+    For work that must be under way before the caller holds the GIL for long (a decode): a
+    thread woken later waits for the GIL until the decode is over. ``RuntimeError`` once the
+    interpreter is shutting down (no new threads): the caller does the work itself.
+    """
+    began = threading.Event()
+
+    def job() -> T:
+        began.set()
+        return fn()
+
+    future = executor(name).submit(job)
+    began.wait()
+    return future
 
 
 def fsync(fd: int) -> None:
@@ -75,7 +96,7 @@ class Aside(Generic[T]):
     def __init__(self, fn: Callable[..., T], *args: Any) -> None:
         self._future: concurrent.futures.Future[T] | None
         try:
-            self._future = _executor().submit(fn, *args)
+            self._future = executor().submit(fn, *args)
         except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
             self._future = None
             self._value = fn(*args)

@@ -32,7 +32,6 @@ import errno
 import functools
 import os
 import secrets
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -44,6 +43,7 @@ from .._digest import new_hasher
 from .._errors import map_errors
 from .._perf import paused_gc
 from . import _index
+from ._aside import begun
 from ._commit import Publication, publish
 from ._group import publish_grouped
 from ._index import IndexBusy
@@ -57,8 +57,6 @@ __all__ = ["MEDIUM_BYTES", "Medium"]
 #: Values up to this size are gathered whole on the loop and stored in one hop; decoding this
 #: much holds the GIL for about 5-10 ms, reading it back from the page cache far less.
 MEDIUM_BYTES = 2 << 20
-#: Syncer threads: a few fsyncs at once keep a disk busy; more only queue in the kernel.
-SYNCERS = 4
 
 
 class _Temp:
@@ -79,17 +77,10 @@ class _Temp:
 
     def start_sync(self) -> None:
         """Blocking: have a syncer thread fsync and close the file; return once it began."""
-        began = threading.Event()
-
-        def sync() -> None:
-            began.set()
-            self._sync_close()
-
         try:
-            self.synced = _syncers().submit(sync)
+            self.synced = begun("sync", self._sync_close)
         except RuntimeError:  # the interpreter is shutting down: no new threads
             return  # wait_synced then syncs in the caller's thread
-        began.wait()
 
     def _sync_close(self) -> None:
         fd, self.fd = self.fd, -1
@@ -123,31 +114,6 @@ class _Temp:
                 unlink_quietly(self.name, self.dir_fd)
         finally:
             os.close(self.dir_fd)
-
-
-_syncers_lock = threading.Lock()
-_syncers_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _syncers() -> concurrent.futures.ThreadPoolExecutor:
-    """The syncer threads of this process: they only ever fsync and close, never wait on us."""
-    global _syncers_pool
-    with _syncers_lock:
-        if _syncers_pool is None:
-            _syncers_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=SYNCERS, thread_name_prefix="rc-fsync"
-            )
-        return _syncers_pool
-
-
-def _after_fork() -> None:
-    global _syncers_pool
-    # The parent's threads do not exist in a forked child: a pool that believes they idle
-    # would queue work that never runs.
-    _syncers_pool = None
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 def _write_temp(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import hmac
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,6 +16,7 @@ from .._canonical import Span, decode_exact
 from .._digest import digest_hex, matches, new_hasher
 from .._perf import paused_gc
 from .._slices import Sign, decode_sliced, open_layout, seal_layout
+from ._aside import begun
 from ._fileio import FileBackend
 from ._index import Entry
 from ._paths import FILE_FLAGS, Kind, open_entry, regular_opener
@@ -101,39 +101,12 @@ def check_digest_of(found_hex: str, hex_digest: str) -> None:
 
 
 def _hash_beside(key: bytes, data: bytes) -> concurrent.futures.Future[str]:
-    began = threading.Event()
-
     def digest() -> str:
         hasher = new_hasher(key)
-        began.set()
         hasher.update(data)
         return hasher.hexdigest()
 
-    future = _hashers().submit(digest)
-    began.wait()
-    return future
-
-
-_hashers_lock = threading.Lock()
-_hashers_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _hashers() -> concurrent.futures.ThreadPoolExecutor:
-    global _hashers_pool
-    with _hashers_lock:
-        if _hashers_pool is None:
-            _hashers_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=2, thread_name_prefix="rc-digest"
-            )
-        return _hashers_pool
-
-
-def _after_fork() -> None:
-    global _hashers_pool
-    _hashers_pool = None  # a forked child has none of the parent's threads
-
-
-os.register_at_fork(after_in_child=_after_fork)
+    return begun("digest", digest)
 
 
 def seal(secret: bytes, kind: Kind, key: str, content_hex: str) -> str:
