@@ -64,6 +64,9 @@ def cold_start(suite: Suite, size: int) -> None:
 def _cold_probe(suite: Suite, size: int, backend: str) -> dict[str, Any]:
     workspace = suite.fresh_dir("ws-cold")
     anyio.run(_make_store, workspace)  # made by another process than the one measured
+    # Earlier cases leave hundreds of MB of dirty pages: their writeback landed in one first
+    # call of a --full run (+640 ms) and in none of the same probe's runs alone.
+    settle()
     args = {"target": size, "tmp": suite.root, "backend": backend, "workspace": workspace}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks._cold", json.dumps(args)],
