@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import secrets
+import sqlite3
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -222,3 +223,37 @@ async def test_a_group_commit_syncs_every_directory_beside_its_commit(
     outcome = "fsync-failed" if fail else "fsync-end"
     assert journal.events.count((outcome, "dir")) == len(fanouts)
     assert sum(e[0] == "rename" for e in journal.events) == len(items)
+
+
+async def test_the_index_is_free_for_other_writers_while_the_file_is_fsynced(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's writer can take the index's write lock during the temp file's fsync."""
+    await compact(harness, B)
+    path = store_root(workspace) / "index.sqlite3"
+    taken: list[bool] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: Any) -> None:
+        fd = fd if isinstance(fd, int) else fd.fileno()
+        real_fsync(fd)
+        if _is_dir(fd):
+            return
+        # The temp file's fsync has returned, but the put is still inside it: the checks run
+        # beside it have had the whole fsync to finish, and must not hold the write lock.
+        other = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # as another process's writer would
+            other.execute("ROLLBACK")
+            taken.append(True)
+        except sqlite3.OperationalError:
+            taken.append(False)
+        finally:
+            other.close()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", fsync)
+        await compact(harness, A)
+    assert taken
+    assert all(taken)
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)

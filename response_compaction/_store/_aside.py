@@ -62,52 +62,68 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def begun(name: str, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-    """``fn()`` in a thread of pool ``name``, returned once that thread has begun it.
-
-    For work that must be under way before the caller holds the GIL for long (a decode): a
-    thread woken later waits for the GIL until the decode is over. ``RuntimeError`` once the
-    interpreter is shutting down (no new threads): the caller does the work itself.
-    """
-    began = threading.Event()
-
-    def job() -> T:
-        began.set()
-        return fn()
-
-    future = executor(name).submit(job)
-    began.wait()
-    return future
-
-
 def fsync(fd: int) -> None:
     """``os.fsync(fd)``, looked up per call: tests record fsyncs by replacing ``os.fsync``."""
     os.fsync(fd)
 
 
 class Aside(Generic[T]):
-    """``fn(*args)`` started now in a helper thread; :meth:`wait` for its result.
+    """``fn(*args)`` started now in a helper thread of pool ``pool``; :meth:`wait` for it.
 
-    Runs in the calling thread when no helper can be had (the interpreter is shutting down).
+    Run at most once, by whoever claims it first: when no helper can be had (the interpreter
+    is shutting down, or a thread cannot be started after the job was queued) the caller runs
+    it; a queued copy that a helper picks up later then does nothing. ``begun=True`` returns
+    only once it is under way (see :func:`begun`).
     """
 
-    __slots__ = ("_future", "_value")
+    __slots__ = ("_args", "_claim", "_done", "_error", "_fn", "_started", "_value")
 
-    def __init__(self, fn: Callable[..., T], *args: Any) -> None:
-        self._future: concurrent.futures.Future[T] | None
+    def __init__(
+        self, fn: Callable[..., T], *args: Any, pool: str = "aside", begun: bool = False
+    ) -> None:
+        self._fn, self._args = fn, args
+        self._claim = threading.Lock()
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
         try:
-            self._future = executor().submit(fn, *args)
-        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
-            self._future = None
-            self._value = fn(*args)
+            executor(pool).submit(self._run)
+        except RuntimeError:  # shutting down, or "can't start new thread" (maybe queued)
+            self._run()
+        if begun:
+            self._started.wait()
+
+    def _run(self) -> None:
+        if not self._claim.acquire(blocking=False):
+            return  # the other copy (queued, or run by the caller) has it
+        self._started.set()
+        try:
+            self._value = self._fn(*self._args)
+        except BaseException as exc:  # handed to whoever waits
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        """Whether ``fn`` has returned (or raised) by now."""
+        return self._done.is_set()
 
     def wait(self) -> T:
         """``fn``'s result once it has returned; raises what it raised."""
-        if self._future is None:
-            return self._value
-        return self._future.result()
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
     def join(self) -> None:
         """Return once ``fn`` has, whatever it did (for a caller already failing)."""
-        if self._future is not None:
-            concurrent.futures.wait((self._future,))
+        self._done.wait()
+
+
+def begun(name: str, fn: Callable[[], T]) -> Aside[T]:
+    """``fn()`` in a thread of pool ``name``, returned once that thread has begun it.
+
+    For work that must be under way before the caller holds the GIL for long (a decode): a
+    thread woken later waits for the GIL until the decode is over.
+    """
+    return Aside(fn, pool=name, begun=True)

@@ -15,7 +15,6 @@ from ._tree import Dirs
 
 __all__ = [
     "Publication",
-    "Staged",
     "prune_all",
     "publish",
     "publish_all",
@@ -28,91 +27,34 @@ EXPIRED_PER_COMMIT = 64
 
 
 def publish(
-    index: Index,
-    temp_name: str,
-    kind: Kind,
-    key: str,
-    row: Row,
-    now: float,
-    max_entries: int,
+    index: Index, temp_name: str, kind: Kind, key: str, row: Row, now: float, max_entries: int
 ) -> bool:
     """Rename the verified temp file into place, record it and evict, under the write lock.
 
-    Returns whether ``key`` was live before. See :class:`Staged`, which this runs whole.
+    The fan-out directory is fsynced in a helper beside the COMMIT (the index's own fsync);
+    both have returned when this does, and a failure of either is raised. A row made durable
+    before its directory entry is harmless: nobody is handed a receipt until both are, and a
+    row whose file is absent reads Missing (and is written afresh by the next put of its
+    value). Evicted rows are deleted before the rename and their files unlinked after it, so
+    a failed rename rolls every row back. Returns whether ``key`` was live before.
     """
-    return Staged(index, kind, key, row, now, max_entries).finish(temp_name)
-
-
-class _Abandoned(Exception):  # noqa: N818 - never raised out of here: it only rolls back
-    """Thrown into a staged transaction to roll it back."""
-
-
-class Staged:
-    """A publish in two halves: the index's statements now, the rename and COMMIT later.
-
-    Creating it takes the write lock (``BEGIN IMMEDIATE``) and runs the statements: clock,
-    upsert, the rows to evict. :meth:`finish` (possibly in another thread: the one-hop put
-    stages in its helper while it fsyncs the temp file) renames the file into place, fsyncs
-    the fan-out directory in a helper beside the COMMIT (the index's own fsync), unlinks the
-    evicted files and commits; both fsyncs have returned when it does. :meth:`abandon` rolls
-    back. A row made durable before its directory entry is harmless: nobody is handed a
-    receipt until both are, and a row whose file is absent reads Missing (and is written
-    afresh by the next put of its value).
-    """
-
-    def __init__(
-        self, index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int
-    ) -> None:
-        self.kind, self.key = kind, key
-        self._dirs = Dirs(index.root).__enter__()
+    dir_sync: Aside[None] | None = None
+    with Dirs(index.root) as dirs:
         try:
-            self._fan_fd = self._dirs.fanout(kind, key)  # made now if missing: off the fsync's path
-            self._cm = index.transaction()
-            tx = self._cm.__enter__()
-        except BaseException:
-            self._dirs.__exit__()
-            raise
-        try:
-            tx.saw(now)
-            #: Whether ``key`` was live before.
-            self.reused = tx.is_live(kind, key, now)
-            tx.upsert(kind, key, row, now)
-            self._victims = _victims(tx, kind, key, now, max_entries)
-        except BaseException as exc:
-            self._end(exc)
-            raise
-
-    def finish(self, temp_name: str) -> bool:
-        """Publish the verified temp file and commit; returns :attr:`reused`."""
-        dir_sync: Aside[None] | None = None
-        try:
-            try:
-                self._dirs.publish(temp_name, self.kind, self.key, sync=False)
-                dir_sync = Aside(fsync, self._fan_fd)
-                # Files go only once the rename is done: a failed one rolls back every row.
-                for victim_kind, victim_key in self._victims:
-                    self._dirs.unlink(victim_kind, victim_key)
-            except BaseException as exc:
-                self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
-                raise
-            self._cm.__exit__(None, None, None)  # COMMIT
+            fan_fd = dirs.fanout(kind, key)  # made now if missing
+            with index.transaction() as tx:
+                tx.saw(now)
+                reused = tx.is_live(kind, key, now)
+                tx.upsert(kind, key, row, now)
+                victims = _victims(tx, kind, key, now, max_entries)
+                dirs.publish(temp_name, kind, key, sync=False)
+                dir_sync = Aside(fsync, fan_fd)
+                for victim_kind, victim_key in victims:
+                    dirs.unlink(victim_kind, victim_key)
         finally:
-            try:
-                if dir_sync is not None:
-                    dir_sync.wait()  # before the fan-out fd it syncs is closed
-            finally:
-                self._dirs.__exit__()
-        return self.reused
-
-    def abandon(self) -> None:
-        """Roll back (the temp file was not made durable)."""
-        self._end(_Abandoned())
-
-    def _end(self, exc: BaseException) -> None:
-        try:
-            self._cm.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
-        finally:
-            self._dirs.__exit__()
+            if dir_sync is not None:
+                dir_sync.wait()  # before the fan-out fd it syncs is closed
+    return reused
 
 
 class Publication(NamedTuple):

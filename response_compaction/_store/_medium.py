@@ -26,7 +26,6 @@ seam) gets the streaming algorithm, call by call.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -43,7 +42,7 @@ from .._digest import new_hasher
 from .._errors import map_errors
 from .._perf import paused_gc
 from . import _index
-from ._aside import begun
+from ._aside import Aside, begun
 from ._commit import Publication, publish
 from ._group import publish_grouped
 from ._index import IndexBusy
@@ -73,14 +72,11 @@ class _Temp:
         self.dir_fd = dir_fd
         self.fd = fd
         self.name = name
-        self.synced: concurrent.futures.Future[None] | None = None
+        self.synced: Aside[None] | None = None
 
     def start_sync(self) -> None:
         """Blocking: have a syncer thread fsync and close the file; return once it began."""
-        try:
-            self.synced = begun("sync", self._sync_close)
-        except RuntimeError:  # the interpreter is shutting down: no new threads
-            return  # wait_synced then syncs in the caller's thread
+        self.synced = begun("sync", self._sync_close)  # run here if no thread can be had
 
     def _sync_close(self) -> None:
         fd, self.fd = self.fd, -1
@@ -98,14 +94,14 @@ class _Temp:
         if self.synced is None:
             self._sync_close()
         else:
-            self.synced.result()
+            self.synced.wait()
 
     def discard(self, *, published: bool) -> None:
         """Blocking: close what is still open, and unlink the file unless it was published."""
         try:
             if self.synced is not None:
                 with contextlib.suppress(OSError):
-                    self.synced.result()  # the syncer owns the file's fd until it is done
+                    self.synced.wait()  # the syncer owns the file's fd until it is done
             elif self.fd >= 0:
                 fd, self.fd = self.fd, -1
                 with contextlib.suppress(OSError):

@@ -6,9 +6,10 @@ for a 2 KB value cost four times the work itself. A small value is already whole
 so here the same steps run with the same checks (write looping on short writes, fsync of the
 file, read back, digest, schema, rename under the index's write lock, fsync of the directory,
 COMMIT) inside one blocking call. What does not wait on a disk runs beside the waits, in a
-helper thread (``_aside``): the read-back checks and the index's statements beside the file's
-fsync, the directory's fsync beside the COMMIT. The file's fsync still ends before its rename,
-and every fsync before the call returns.
+helper thread (``_aside``): the read-back checks beside the file's fsync, the directory's
+fsync beside the COMMIT. The index's write lock is taken only after the file's fsync (held
+through it, every other writer of the store waited for this disk). The file's fsync still
+ends before its rename, and every fsync before the call returns.
 
 Only the library's own file backends take this path; an injected backend (the tests' fault
 seam) gets the streaming algorithm, call by call.
@@ -25,7 +26,7 @@ from .._canonical import decode_exact
 from .._errors import UnsafeStoreError, map_errors
 from . import _index
 from ._aside import Aside
-from ._commit import Staged, renew
+from ._commit import publish, renew
 from ._index import CorruptRowError, Index, IndexBusy, Row
 from ._paths import (
     FILE_FLAGS,
@@ -150,7 +151,6 @@ def _write_new(
     max_entries: int,
 ) -> Put:
     published = False
-    staged: Staged | None = None
     try:
         fd = os.open(
             temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd
@@ -158,59 +158,34 @@ def _write_new(
         try:
             _write_all(fd, data)
             # While this thread waits for the disk, a helper reads the bytes back and checks
-            # them (they see the bytes written, on disk or not), then takes the index's write
-            # lock and runs its statements; the rename and COMMIT wait for the fsync.
-            prepared = Aside(_check_and_stage, index, temp_name, tmp_fd, data, digest, schema,
-                             kind, key, row, now, max_entries)  # fmt: skip
+            # them (they see the bytes written, on disk or not). The index's write lock is
+            # taken only after the fsync: held through it, every other writer of the store
+            # (this process's and others') waited for this disk, then retried whole puts.
+            checked = Aside(_checked, temp_name, tmp_fd, data, digest, schema)
             try:
                 os.fsync(fd)
             except BaseException:
-                _discard(prepared)  # the fsync's error is the one to raise
+                checked.join()  # the fsync's error is the one to raise
                 raise
-            value, staged = prepared.wait()  # ValueError: the bytes do not validate
+            value = checked.wait()  # ValueError: the bytes do not validate
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
-        pending, staged = staged, None  # finish ends the transaction, committed or not
         with map_errors(f"could not publish the {kind} value in the store index"):
-            reused = pending.finish(temp_name)
+            reused = publish(index, temp_name, kind, key, row, now, max_entries)
         published = True
     finally:
-        if staged is not None:
-            staged.abandon()
         if not published:
             unlink_quietly(temp_name, tmp_fd)
     return Put(reused=reused, value=value)
 
 
-def _check_and_stage(
-    index: Index,
-    temp_name: str,
-    tmp_fd: int,
-    data: bytes,
-    digest: tuple[str, bytes],
-    schema: Any,
-    kind: Kind,
-    key: str,
-    row: Row,
-    now: float,
-    max_entries: int,
-) -> tuple[Any, Staged]:
-    """The temp file read back, digest-checked and decoded; then the publish staged."""
+def _checked(
+    temp_name: str, tmp_fd: int, data: bytes, digest: tuple[str, bytes], schema: Any
+) -> Any:
+    """The temp file read back, digest-checked and decoded: the value."""
     back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
     check_digest(back, digest[0], len(data), digest[1])
-    value = decode_exact(back, schema)
-    with map_errors(f"could not publish the {kind} value in the store index"):
-        return value, Staged(index, kind, key, row, now, max_entries)
-
-
-def _discard(prepared: Aside[tuple[Any, Staged]]) -> None:
-    """Wait for the helper's work and undo it, whatever it did (the caller is failing)."""
-    prepared.join()
-    try:
-        _, staged = prepared.wait()
-    except BaseException:  # the caller raises its own error
-        return
-    staged.abandon()
+    return decode_exact(back, schema)
 
 
 def read_checked(

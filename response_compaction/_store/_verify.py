@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import hmac
 import os
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from .._canonical import Span, decode_exact
 from .._digest import digest_hex, matches, new_hasher
 from .._perf import paused_gc
 from .._slices import Sign, decode_sliced, open_layout, seal_layout
-from ._aside import begun
+from ._aside import Aside, begun
 from ._fileio import FileBackend
 from ._index import Entry
 from ._paths import FILE_FLAGS, Kind, open_entry, regular_opener
@@ -88,9 +87,9 @@ def checked_decode(data: bytes, hex_digest: str, size: int, schema: Any, key: by
     try:
         value = decode_exact(data, schema)
     except ValueError:
-        check_digest_of(digest.result(), hex_digest)
+        check_digest_of(digest.wait(), hex_digest)
         raise
-    check_digest_of(digest.result(), hex_digest)
+    check_digest_of(digest.wait(), hex_digest)
     return value
 
 
@@ -100,7 +99,7 @@ def check_digest_of(found_hex: str, hex_digest: str) -> None:
         raise ValueError("the bytes read back do not match their digest")
 
 
-def _hash_beside(key: bytes, data: bytes) -> concurrent.futures.Future[str]:
+def _hash_beside(key: bytes, data: bytes) -> Aside[str]:
     def digest() -> str:
         hasher = new_hasher(key)
         hasher.update(data)
