@@ -19,7 +19,6 @@ typed value.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import re
 import time
@@ -34,8 +33,9 @@ from ._canonical import to_exact_value
 from ._messages import content_free
 from ._perf import paused_gc
 from ._pydantic import is_pydantic_schema
-from ._raw import decode_raw_sliced, plain_container
+from ._raw import decode_raw_sliced
 from ._refusals import keys_may_merge, merged_key_path
+from ._slices import plain_container, type_info
 
 __all__ = ["SLICE_ITEMS_FROM", "convert_exact", "release"]
 
@@ -96,7 +96,7 @@ def _plan(response: Any, schema: Any) -> tuple[list[_Cut], Any] | None:
     if is_pydantic_schema(schema) or isinstance(response, msgspec.Raw):
         return None
     try:
-        info = _type_info(schema)  # TypeError too for an unhashable schema: not sliced
+        info = type_info(schema)  # TypeError too for an unhashable schema: not sliced
     except (TypeError, ValueError):
         return None
     if _long(plain_container(info), response):
@@ -122,11 +122,6 @@ def _long(mapping: bool | None, value: Any) -> bool:
     if mapping is None or type(value) is not (dict if mapping else list):
         return False
     return len(value) >= SLICE_ITEMS_FROM
-
-
-# ``mi.type_info`` evaluates the schema's annotations anew each call (about 0.2 ms for a small
-# struct): more than storing a 2 KB value costs, paid by every compaction. Types are immutable.
-_type_info = functools.lru_cache(maxsize=256)(mi.type_info)
 
 
 async def _convert_items(

@@ -34,8 +34,9 @@ from ._messages import content_free
 from ._perf import paused_gc
 from ._raw_cut import SLICE_BYTES, Container, NotCutError, SliceError, cut_container
 from ._refusals import duplicate_key_path, keys_may_merge, merged_key_path
+from ._slices import plain_container, type_info
 
-__all__ = ["RAW_FROM", "SLICE_BYTES", "decode_raw_sliced", "plain_container"]
+__all__ = ["RAW_FROM", "SLICE_BYTES", "decode_raw_sliced"]
 
 #: Raw inputs shorter than this are decoded whole.
 RAW_FROM = 1 << 20
@@ -89,29 +90,10 @@ async def decode_raw_sliced(
     return msgspec.structs.replace(value, **put_back), list(put_back.values())
 
 
-# ``mi.type_info`` evaluates the schema's annotations anew each call. Types are immutable.
-_type_info = functools.lru_cache(maxsize=256)(mi.type_info)
-
-
-def plain_container(info: mi.Type) -> bool | None:
-    """True for a plain ``dict[str, V]``, False for a plain ``list[T]``, None otherwise.
-
-    Plain: slices decoded apart and joined are the same as one decode (a length bound
-    applies to the whole; a key type other than ``str`` may merge keys across slices).
-    """
-    if isinstance(info, mi.ListType):
-        mapping = False
-    elif isinstance(info, mi.DictType) and info.key_type == mi.StrType():
-        mapping = True
-    else:
-        return None
-    return mapping if info.min_length is None and info.max_length is None else None
-
-
 def _fields(schema: Any) -> list[_Field] | None:
     """The containers to cut: the top-level one, or the struct's plain container fields."""
     try:
-        info = _type_info(schema)
+        info = type_info(schema)
     except (TypeError, ValueError):
         return None
     mapping = plain_container(info)

@@ -51,7 +51,9 @@ __all__ = [
     "decode_sliced",
     "encode_layout",
     "open_layout",
+    "plain_container",
     "seal_layout",
+    "type_info",
 ]
 
 #: The store's keyed signature of a message bound to one entry, as hex.
@@ -125,18 +127,30 @@ class _Cut:
     item_list_type: Any  # list[T], or dict[str, V] for a mapping span
 
 
-def _plain(info: mi.Type, span: Span) -> bool:
-    """Whether slices decoded apart and joined are the same as one decode of the container.
+# ``mi.type_info`` evaluates the schema's annotations anew each call (about 0.2 ms for a small
+# struct): more than storing a 2 KB value costs, paid by every compaction. Types are immutable.
+type_info = functools.lru_cache(maxsize=256)(mi.type_info)
 
-    A length bound applies to the whole, not to a slice; a key constraint or a key type
-    other than ``str`` is left to the whole decode too.
+
+def plain_container(info: mi.Type) -> bool | None:
+    """True for a plain ``dict[str, V]``, False for a plain ``list[T]``, None otherwise.
+
+    Plain: slices decoded apart and joined are the same as one decode of the container. A
+    length bound applies to the whole, not to a slice; a key constraint or a key type other
+    than ``str`` (keys may merge across slices) is left to the whole decode too.
     """
-    if span.mapping:
-        if not isinstance(info, mi.DictType) or info.key_type != mi.StrType():
-            return False
-    elif not isinstance(info, mi.ListType):
-        return False
-    return info.min_length is None and info.max_length is None
+    if isinstance(info, mi.ListType):
+        mapping = False
+    elif isinstance(info, mi.DictType) and info.key_type == mi.StrType():
+        mapping = True
+    else:
+        return None
+    return mapping if info.min_length is None and info.max_length is None else None
+
+
+def _plain(info: mi.Type, span: Span) -> bool:
+    """Whether ``info`` is the plain container kind ``span`` records."""
+    return plain_container(info) is span.mapping
 
 
 @functools.lru_cache(maxsize=256)
@@ -148,7 +162,7 @@ def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | Non
     if not spans:
         return None
     cuts: list[_Cut] = []
-    info = mi.type_info(schema)
+    info = type_info(schema)
     if isinstance(info, mi.StructType):
         cls = info.cls
         if info.array_like or hasattr(cls, "__post_init__"):

@@ -27,7 +27,6 @@ seam) gets the streaming algorithm, call by call.
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import os
 import secrets
@@ -46,7 +45,8 @@ from ._aside import Aside, begun
 from ._commit import Publication, publish
 from ._group import publish_grouped
 from ._index import IndexBusy
-from ._paths import FILE_FLAGS, Kind, open_dir, regular_opener, unlink_quietly
+from ._oneshot import read_regular, write_fully
+from ._paths import FILE_FLAGS, Kind, open_dir, unlink_quietly
 from ._stepwise import INDEX_ERRORS, Stepwise, Stored
 from ._turns import others_storing
 from ._verify import WORKER_VERIFY_BYTES, checked_decode
@@ -127,7 +127,7 @@ def _write_temp(
         hasher = new_hasher(key)
         for piece in pieces:
             hasher.update(piece)  # lets go of the GIL for large pieces
-            _write_all(fd, piece)
+            write_fully(fd, piece)
         temp.start_sync()
     except BaseException:
         temp.discard(published=False)
@@ -186,28 +186,13 @@ def _publish_now(root: str, publication: Publication) -> bool | None:
         return None
 
 
-def _write_all(fd: int, piece: bytes | memoryview) -> None:
-    view = memoryview(piece).cast("B")
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        view = view[written:]
-
-
 def _verify_temp(temp: _Temp, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
     """Blocking: read the temp file back, check its keyed digest and decode it: the value.
 
     Raises ``ValueError`` saying what is wrong. At most one byte more than written is read:
     enough to tell that the file grew.
     """
-    fd = regular_opener(temp.dir_fd)(temp.name, os.O_RDONLY)
-    try:
-        data = os.read(fd, size + 1)
-        while len(data) <= size and (chunk := os.read(fd, size + 1 - len(data))):
-            data += chunk
-    finally:
-        os.close(fd)
+    data = read_regular(temp.name, temp.dir_fd, size)
     with paused_gc():  # a young collection over the fresh tree costs more than the decode
         value = checked_decode(data, hex_digest, size, schema, key)
     temp.wait_synced()

@@ -48,6 +48,8 @@ __all__ = [
     "put_small",
     "read_checked",
     "read_inline",
+    "read_regular",
+    "write_fully",
 ]
 
 INDEX_ERRORS = "could not use the store index"
@@ -156,7 +158,7 @@ def _write_new(
             temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd
         )
         try:
-            _write_all(fd, data)
+            write_fully(fd, data)
             # While this thread waits for the disk, a helper reads the bytes back and checks
             # them (they see the bytes written, on disk or not). The index's write lock is
             # taken only after the fsync: held through it, every other writer of the store
@@ -183,7 +185,7 @@ def _checked(
     temp_name: str, tmp_fd: int, data: bytes, digest: tuple[str, bytes], schema: Any
 ) -> Any:
     """The temp file read back, digest-checked and decoded: the value."""
-    back = _read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
+    back = read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
     check_digest(back, digest[0], len(data), digest[1])
     return decode_exact(back, schema)
 
@@ -292,12 +294,12 @@ def _read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
         raise UnsafeStoreError("not an entry name", kind)
     fan_fd = dirs.fanout(kind, key)
     try:
-        return _read_regular(key, fan_fd, limit)
+        return read_regular(key, fan_fd, limit)
     finally:
         os.close(fan_fd)
 
 
-def _read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
+def read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
     """The file's bytes; with a ``limit``, at most ``limit + 1`` of them.
 
     One byte more is enough to tell that a file is longer than its row says (it then fails
@@ -316,8 +318,9 @@ def _read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+def write_fully(fd: int, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to ``fd`` (``write`` may be short); no progress is an error."""
+    view = memoryview(data).cast("B")
     while view:
         written = os.write(fd, view)
         if written <= 0:
