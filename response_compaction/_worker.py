@@ -27,18 +27,19 @@ from ._store._verify import check_trusted, verify_path
 _WHOLE_WORK: dict[str, Callable[..., Any]] = {"part": part_of}
 
 
-def _verify(request: dict[str, Any], load: Callable[[str], Any]) -> dict[str, Any]:
+def _verify(request: dict[str, Any], load: Callable[[str], Any]) -> tuple[dict[str, Any], Any]:
+    """The reply, and the decoded value: freed once the reply is out (``verify_path``)."""
     try:
         schema = load(request["schema"])
     except Exception as exc:  # the schema's module may raise anything while importing
-        return {"error": f"cannot load the schema: {type(exc).__name__}"}
+        return {"error": f"cannot load the schema: {type(exc).__name__}"}, None
     try:
-        problem = verify_path(
+        problem, value = verify_path(
             request["path"], request["digest"], request["size"], schema, request["key"]
         )
     except OSError as exc:
-        return {"error": f"cannot read the file: {exc.strerror or 'OSError'}"}
-    return {"problem": problem}
+        return {"error": f"cannot read the file: {exc.strerror or 'OSError'}"}, None
+    return {"problem": problem}, value
 
 
 def _whole(request: dict[str, Any]) -> dict[str, Any]:
@@ -72,8 +73,12 @@ def _serve() -> None:
             request = receive(requests)
         except EOFError:
             return
-        op = request.get("op")
-        send(replies, _verify(request, load) if op == "verify" else _whole(request))
+        if request.get("op") == "verify":
+            reply, value = _verify(request, load)
+            send(replies, reply)
+            del value  # after the reply: the caller need not wait for the tree to be freed
+        else:
+            send(replies, _whole(request))
 
 
 if __name__ == "__main__":

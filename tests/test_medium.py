@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,10 @@ import response_compaction as rc
 from response_compaction import _pool
 from response_compaction._canonical import PIECE_BYTES, Span, iter_canonical
 from response_compaction._digest import digest_hex
+from response_compaction._store._aside import let_go
 from response_compaction._store._medium import MEDIUM_BYTES
 from response_compaction._store._turns import storing
-from response_compaction._store._verify import DIGEST_BESIDE_BYTES, checked_decode
+from response_compaction._store._verify import DIGEST_BESIDE_BYTES, checked_decode, verify_path
 from tests._store_support import (
     TEST_KEY,
     canonical,
@@ -252,3 +254,48 @@ def test_a_checked_decode_reports_the_digest_before_the_schema(rows: int) -> Non
             checked_decode(data, wrong, len(data), Exact, TEST_KEY)
     with pytest.raises(ValueError, match="not as long"):
         checked_decode(bad_data, bad_hex, len(bad_data) + 1, Exact, TEST_KEY)
+
+
+def test_a_value_let_go_is_freed_in_a_helper_thread() -> None:
+    """``let_go`` empties the caller's list: the value dies in a ``drop`` helper thread."""
+    freed: list[str] = []
+    done = threading.Event()
+
+    class Tree:
+        def __del__(self) -> None:
+            freed.append(threading.current_thread().name)
+            done.set()
+
+    values: list[Any] = [Tree()]
+    let_go(values)
+    assert values == []
+    assert done.wait(10)
+    assert freed == [freed[0]]
+    assert freed[0].startswith("response-compaction-drop")
+
+
+def test_a_worker_verification_hands_its_value_out_to_free_after_the_reply(
+    tmp_path: Path,
+) -> None:
+    """``verify_path`` returns the decoded value beside the verdict (the worker frees it once
+    its reply is sent), and no value with a problem."""
+    good, bad = big_exact(100), Exact(rows=big_exact(100).rows, total=-1)
+    for name, value in (("good", good), ("bad", bad)):
+        (tmp_path / name).write_bytes(canonical(value))
+    good_data = canonical(good)
+    good_hex = digest_hex(TEST_KEY, good_data)
+    assert verify_path(str(tmp_path / "good"), good_hex, len(good_data), Exact, TEST_KEY) == (
+        None,
+        good,
+    )
+    bad_data = canonical(bad)
+    problem, value = verify_path(
+        str(tmp_path / "bad"), digest_hex(TEST_KEY, bad_data), len(bad_data), Exact, TEST_KEY
+    )
+    assert problem is not None
+    assert ">= 0" in problem
+    assert value is None
+    problem, value = verify_path(str(tmp_path / "good"), "0" * 64, len(good_data), Exact, TEST_KEY)
+    assert problem is not None
+    assert "digest" in problem
+    assert value is None

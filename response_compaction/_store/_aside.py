@@ -18,12 +18,13 @@ call.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["MAX_THREADS", "Aside", "begun", "executor", "fsync"]
+__all__ = ["MAX_THREADS", "Aside", "begun", "executor", "fsync", "let_go"]
 
 T = TypeVar("T")
 
@@ -127,3 +128,18 @@ def begun(name: str, fn: Callable[[], T]) -> Aside[T]:
     thread woken later waits for the GIL until the decode is over.
     """
     return Aside(fn, pool=name, begun=True)
+
+
+def let_go(values: list[Any]) -> None:
+    """Free the items of ``values`` (emptied here) in a helper thread, off the caller's path.
+
+    Freeing a decoded tree nobody wants (the read-back of a verified value) takes about a
+    fifth as long as its decode (0.7-0.8 ms for 1 MB of rows or short strings): work that
+    need not delay the receipt. The items move out of the caller's list, so the job holds the
+    only references the caller had, and they die when the helper clears it. Where no helper
+    can be had, they are freed here.
+    """
+    job = values.copy()
+    values.clear()
+    with contextlib.suppress(RuntimeError):  # shutting down, or no thread can be started
+        executor("drop").submit(job.clear)

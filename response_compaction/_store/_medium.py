@@ -41,7 +41,7 @@ from .._digest import new_hasher
 from .._errors import map_errors
 from .._perf import paused_gc
 from . import _index
-from ._aside import Aside, begun
+from ._aside import Aside, begun, let_go
 from ._commit import Publication, publish
 from ._group import publish_grouped
 from ._index import IndexBusy
@@ -159,9 +159,14 @@ def _store_here(
     """
     temp, hex_digest = _write_temp(os.path.join(root, "tmp"), name, pieces, key)
     try:
-        value = _verify_temp(temp, hex_digest, size, schema, key)
-        if not want_value:
-            value = None
+        checked = [_verify_temp(temp, hex_digest, size, schema, key, synced=False)]
+        value = checked.pop() if want_value else None
+        # Freeing a decoded tree holds the GIL for a fifth of its decode: here while the
+        # fsync still runs, else in a helper beside the publish's disk waits.
+        if checked and temp.synced_already():
+            let_go(checked)
+        checked.clear()
+        temp.wait_synced()
         reused = _publish_now(root, item(hex_digest))
         if reused is None:
             return _Done(temp, hex_digest, value, None)
@@ -186,16 +191,20 @@ def _publish_now(root: str, publication: Publication) -> bool | None:
         return None
 
 
-def _verify_temp(temp: _Temp, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
+def _verify_temp(
+    temp: _Temp, hex_digest: str, size: int, schema: Any, key: bytes, *, synced: bool = True
+) -> Any:
     """Blocking: read the temp file back, check its keyed digest and decode it: the value.
 
     Raises ``ValueError`` saying what is wrong. At most one byte more than written is read:
-    enough to tell that the file grew.
+    enough to tell that the file grew. ``synced=False`` leaves waiting for the fsync (and
+    its failure) to the caller.
     """
     data = read_regular(temp.name, temp.dir_fd, size)
     with paused_gc():  # a young collection over the fresh tree costs more than the decode
         value = checked_decode(data, hex_digest, size, schema, key)
-    temp.wait_synced()
+    if synced:
+        temp.wait_synced()
     return value
 
 

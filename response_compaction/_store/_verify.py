@@ -211,19 +211,22 @@ async def verify_file(
     return value if want_value else None
 
 
-def verify_path(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> str | None:
-    """In a worker process: read the file back and verify it; what is wrong, or None.
+def verify_path(
+    path: str, hex_digest: str, size: int, schema: Any, key: bytes
+) -> tuple[str | None, Any]:
+    """In a worker process: read the file back and verify it: (what is wrong or None, value).
 
+    The value is handed back so that the worker frees it after its reply, not before: freeing
+    a decoded tree takes a fifth as long as decoding it (8 ms for 10 MB of short strings).
     ``OSError`` is left to the caller: "this worker could not do the job", not a verdict.
     """
     fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.readall()
     try:
-        checked_decode(data, hex_digest, size, schema, key)
+        return None, checked_decode(data, hex_digest, size, schema, key)
     except ValueError as exc:
-        return str(exc)
-    return None
+        return str(exc), None
 
 
 def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
