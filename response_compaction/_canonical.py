@@ -15,6 +15,7 @@ encoded in one: cutting it would cost more than the pause it saves.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -215,7 +216,7 @@ class _Stream:
         record = self.spans is not None and (top or field is not None)
         if isinstance(value, list | tuple) and len(value) > 1:
             yield from self.sequence(value, record, field)
-        elif isinstance(value, dict) and len(value) > 1 and all(type(k) is str for k in value):
+        elif isinstance(value, dict) and len(value) > 1:
             yield from self.mapping(value, record, field)
         elif isinstance(value, msgspec.Struct) and not value.__struct_config__.omit_defaults:
             yield from self.struct(value, top=top)
@@ -263,15 +264,19 @@ class _Stream:
     ) -> Iterator[bytes | memoryview]:
         # msgspec sorts str keys by code point, which is what sorted() does, so sorted slices
         # concatenate into the same order a whole encoding uses.
-        opened = self.pos
-        yield self.emit(b"{")
+        if not _str_keys(mapping):  # sorted as msgspec writes them, which sorted() is not
+            yield self.emit(encode_checked(mapping))
+            return
         # An object left whole is decoded with the rest of its document, twice over (its
         # field check, then the outer decode): it gets the same smaller share as its slices.
         whole = self.one_piece(mapping, len(mapping), self.piece_bytes // _MAPPING_SHARE)
         if whole is not None:  # one slice: no span (see below)
-            yield self.emit(memoryview(whole)[1:-1])
-            yield self.emit(b"}")
+            yield self.emit(whole)
             return
+        # The key check and the sample, then the sort: two steps of the loop, not one (the
+        # three took 15-20 ms for 562k keys).
+        opened = self.pos
+        yield self.emit(b"{")
         keys = sorted(mapping)
         slices: list[tuple[int, int]] = []
         counts: list[int] = []
@@ -317,8 +322,7 @@ class _Stream:
             return None
         picks = [i * count // _SAMPLE_ITEMS for i in range(_SAMPLE_ITEMS)]
         if isinstance(items, dict):
-            keys = list(items)
-            sample: Any = {keys[i]: items[keys[i]] for i in picks}
+            sample: Any = _spread_items(items, picks)
         else:
             sample = [items[i] for i in picks]
         try:
@@ -356,6 +360,26 @@ class _Stream:
             yield from self.value(getattr(value, name), field=encoded_names[name] if top else None)
         if parts[-1]:
             yield self.emit(parts[-1])
+
+
+def _str_keys(mapping: dict[Any, Any]) -> bool:
+    # The set of key types, built in C: 9 ms for 562k keys, against 13 for all() over them.
+    return set(map(type, mapping)) == {str}
+
+
+def _spread_items(mapping: dict[str, Any], picks: list[int]) -> dict[str, Any]:
+    """The members at positions ``picks`` (ascending), skipping keys in C.
+
+    A list of the keys to index into took 6 ms for 562k keys.
+    """
+    keys = iter(mapping)
+    sample: dict[str, Any] = {}
+    at = 0
+    for pick in picks:
+        key = next(itertools.islice(keys, pick - at, None))
+        sample[key] = mapping[key]
+        at = pick + 1
+    return sample
 
 
 def _is_container(value: Any) -> bool:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import secrets
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 
@@ -218,6 +220,26 @@ async def test_cpu_steps_yield_holding_the_turn_once_they_ran_long_enough() -> N
     assert long == 0.0
     assert turn.spent < STEPS_SECONDS
     assert not turn.lock.locked()
+
+
+async def test_a_turn_that_yields_lets_a_due_timer_run_before_its_next_step() -> None:
+    """A heartbeat whose timer is already due runs at the yield, not after one more step."""
+    turn = cpu_turn()
+    beats: list[int] = []
+
+    async def heartbeat() -> None:
+        await anyio.sleep(0.001)
+        beats.append(1)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat)
+        await anyio.lowlevel.checkpoint()  # the heartbeat's timer is set
+        due = time.perf_counter() + 0.002
+        while time.perf_counter() < due:  # a CPU-bound step: the timer falls due meanwhile
+            pass
+        turn.spent = STEPS_SECONDS
+        async with turn:  # the yield branch
+            assert beats == [1]
 
 
 async def test_a_nan_among_many_floats_is_refused_with_its_path() -> None:
