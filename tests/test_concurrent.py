@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import msgspec
 import pytest
@@ -227,13 +228,13 @@ async def test_a_turn_that_yields_lets_a_due_timer_run_before_its_next_step() ->
     turn = cpu_turn()
     beats: list[int] = []
 
-    async def heartbeat() -> None:
-        await anyio.sleep(0.001)
+    async def heartbeat(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        task_status.started()
+        await anyio.sleep(0.001)  # in the same step: the timer is set before the parent runs
         beats.append(1)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(heartbeat)
-        await anyio.lowlevel.checkpoint()  # the heartbeat's timer is set
+        await tg.start(heartbeat)
         due = time.perf_counter() + 0.002
         while time.perf_counter() < due:  # a CPU-bound step: the timer falls due meanwhile
             pass
