@@ -46,9 +46,31 @@ def _share() -> _Share:
         return share
 
 
+#: A schema's description as sent, by schema: the same few schemas come back on every call.
+_SENT: dict[Any, str | None] = {}
+
+
+def _described(schema: Any) -> str | None:
+    try:
+        return _SENT[schema]
+    except KeyError:
+        pass
+    except TypeError:  # not hashable: described per call
+        return _encoded(schema)
+    text = _SENT[schema] = _encoded(schema)
+    if len(_SENT) > 256:  # schemas made on the fly must not grow it without bound
+        _SENT.pop(next(iter(_SENT)))
+    return text
+
+
+def _encoded(schema: Any) -> str | None:
+    description = describe(schema)
+    return None if description is None else msgspec.json.encode(description).decode()
+
+
 async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
     """Have a worker verify the file at ``path``: what is wrong, None, or NOT_DONE."""
-    description = describe(schema)
+    description = _described(schema)
     if description is None:
         return NOT_DONE
     share = _share()
@@ -67,7 +89,7 @@ async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes)
                 "digest": hex_digest,
                 "size": size,
                 "key": key,
-                "schema": msgspec.json.encode(description).decode(),
+                "schema": description,
             },
             worker,
         )
