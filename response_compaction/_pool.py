@@ -156,7 +156,10 @@ class _Worker:
         self.sock, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and fixed entry
-                [sys.executable, "-c", _ENTRY], stdin=theirs, stdout=theirs, env=env
+                [sys.executable, "-c", _ENTRY],
+                stdin=theirs.fileno(),
+                stdout=theirs.fileno(),
+                env=env,
             )
         except BaseException:
             self.sock.close()

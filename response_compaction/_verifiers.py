@@ -70,6 +70,21 @@ def _encoded(schema: Any) -> str | None:
 
 async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
     """Have a worker verify the file at ``path``: what is wrong, None, or NOT_DONE."""
+    reply = await _verify(path, hex_digest, size, schema, key)
+    return reply if reply is NOT_DONE else reply["problem"]
+
+
+async def verify_unknown(path: str, size: int, schema: Any, key: bytes) -> Any:
+    """Have a worker read back, hash and decode the file at ``path``: its reply, or NOT_DONE.
+
+    The reply's ``digest`` is the keyed digest of the bytes it read (None if they were not
+    ``size`` long) and ``problem`` what is wrong with them otherwise, or None: the caller
+    compares the digest with its own.
+    """
+    return await _verify(path, None, size, schema, key)
+
+
+async def _verify(path: str, hex_digest: str | None, size: int, schema: Any, key: bytes) -> Any:
     description = _described(schema)
     if description is None:
         return NOT_DONE
@@ -96,4 +111,4 @@ async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes)
     finally:
         share.in_flight -= 1
         share.poke()
-    return reply if reply is NOT_DONE else reply["problem"]
+    return reply

@@ -50,7 +50,7 @@ from ._oneshot import read_regular, write_fully
 from ._paths import FILE_FLAGS, Kind, open_dir, unlink_quietly
 from ._stepwise import INDEX_ERRORS, Stepwise, Stored
 from ._turns import cpu_turn, others_storing
-from ._verify import WORKER_VERIFY_BYTES, checked_decode
+from ._verify import WORKER_VERIFY_BYTES, check_digest_of, checked_decode
 
 __all__ = ["MEDIUM_BYTES", "Medium"]
 
@@ -67,42 +67,50 @@ class _Temp:
     holds it throughout), so an fsync asked for beside the decode began after it.
     """
 
-    __slots__ = ("dir_fd", "fd", "name", "synced")
+    __slots__ = ("dir_fd", "fd", "name", "synced", "written")
 
     def __init__(self, dir_fd: int, fd: int, name: str) -> None:
         self.dir_fd = dir_fd
         self.fd = fd
         self.name = name
-        self.synced: Aside[None] | None = None
+        self.synced: Aside[str | None] | None = None
+        #: (key, pieces) when the syncer is to hash what was written before its fsync.
+        self.written: tuple[bytes, Sequence[bytes | memoryview]] | None = None
 
-    def start_sync(self, *, wait_begun: bool = True) -> None:
-        """Have a syncer thread fsync and close the file; by default return once it began.
+    def start_sync(self) -> None:
+        """Blocking: have a syncer thread fsync and close the file; return once it began."""
+        self.synced = begun("sync", self._sync_close)  # run here if no thread can be had
 
-        ``wait_begun=False`` (on the event loop): return at once; the loop must not wait for
-        a syncer thread to be free.
+    def hash_and_sync(self, key: bytes, pieces: Sequence[bytes | memoryview]) -> None:
+        """On the event loop: have a syncer thread hash ``pieces`` (as written), then fsync.
+
+        Returns at once: the loop must not wait for a syncer thread to be free.
         """
-        if wait_begun:
-            self.synced = begun("sync", self._sync_close)  # run here if no thread can be had
-        else:
-            self.synced = Aside(self._sync_close, pool="sync")
+        self.written = (key, pieces)
+        self.synced = Aside(self._sync_close, pool="sync")
 
-    def _sync_close(self) -> None:
+    def _sync_close(self) -> str | None:
         fd, self.fd = self.fd, -1
         try:
+            written, self.written = self.written, None
+            hex_digest = None if written is None else _digest_pieces(*written)
             os.fsync(fd)
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
+        return hex_digest
 
     def synced_already(self) -> bool:
         """Whether the syncer has fsynced and closed the file (or failed to) by now."""
         return self.synced is not None and self.synced.done()
 
-    def wait_synced(self) -> None:
-        """Blocking: wait for the fsync and close; raise ``OSError`` if either failed."""
+    def wait_synced(self) -> str | None:
+        """Blocking: wait for the fsync and close; raise ``OSError`` if either failed.
+
+        The digest of what was written when :meth:`hash_and_sync` asked for it, else None.
+        """
         if self.synced is None:
-            self._sync_close()
-        else:
-            self.synced.wait()
+            return self._sync_close()
+        return self.synced.wait()
 
     def discard(self, *, published: bool) -> None:
         """Blocking: close what is still open, and unlink the file unless it was published."""
@@ -121,13 +129,9 @@ class _Temp:
 
 
 def _write_temp(
-    tmp_path: str, name: str, pieces: Sequence[bytes | memoryview], key: bytes,
-    *, on_loop: bool = False,
-) -> tuple[_Temp, str]:  # fmt: skip
-    """Blocking: create ``name`` in ``tmp_path``, write and hash ``pieces``: (temp, digest).
-
-    ``on_loop``: called on the event loop thread, so its fsync is handed over without waiting.
-    """
+    tmp_path: str, name: str, pieces: Sequence[bytes | memoryview], key: bytes
+) -> tuple[_Temp, str]:
+    """Blocking: create ``name`` in ``tmp_path``, write and hash ``pieces``: (temp, digest)."""
     dir_fd = open_dir(tmp_path, False)
     try:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=dir_fd)
@@ -140,11 +144,43 @@ def _write_temp(
         for piece in pieces:
             hasher.update(piece)  # lets go of the GIL for large pieces
             write_fully(fd, piece)
-        temp.start_sync(wait_begun=not on_loop)
+        temp.start_sync()
     except BaseException:
         temp.discard(published=False)
         raise
     return temp, hasher.hexdigest()
+
+
+def _create_temp(tmp_path: str, name: str) -> _Temp:
+    """Blocking: create ``name`` in ``tmp_path`` (never an existing file), open for writing."""
+    dir_fd = open_dir(tmp_path, False)
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=dir_fd)
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    return _Temp(dir_fd, fd, name)
+
+
+def _digest_pieces(key: bytes, pieces: Sequence[bytes | memoryview]) -> str:
+    """The keyed digest of ``pieces`` one after the other (lets go of the GIL when large)."""
+    hasher = new_hasher(key)
+    for piece in pieces:
+        hasher.update(piece)
+    return hasher.hexdigest()
+
+
+def _check_reply(reply: dict[str, Any], hex_digest: str) -> None:
+    """Raise ``ValueError`` unless the worker read back bytes with digest ``hex_digest``.
+
+    And bytes that decode against the schema; a length or digest mismatch wins over a
+    decode problem, as in ``checked_decode``.
+    """
+    if reply["digest"] is None:  # not as long as written: never hashed
+        raise ValueError(reply["problem"])
+    check_digest_of(reply["digest"], hex_digest)
+    if reply["problem"] is not None:
+        raise ValueError(reply["problem"])
 
 
 class _Done(NamedTuple):
@@ -279,22 +315,34 @@ class Medium(Stepwise):
     ) -> Stored:
         """Write here, verify in a pool worker, publish in a group commit (many at once).
 
-        The write and its keyed hash run on the event loop thread, with no hop. In a worker
-        thread they waited for the GIL: while the loop encoded the other values (msgspec holds
-        the GIL throughout), each of the write's ten or so GIL reacquisitions (after each
-        syscall and each hash update) waited out the 5 ms switch interval, so the first write
-        of 32 ended only once all 32 were encoded (88 ms) and the workers idled until then.
-        On the loop, writing 1 MB into the page cache and hashing it take about 1 ms, counted
-        in the loop's CPU turn so the next step yields when the loop is due; the fsync still
-        runs in a syncer thread, and the bytes hashed are the bytes handed to ``write``.
+        The write runs on the event loop thread, with no hop: in a worker thread it waited for
+        the GIL while the loop encoded the other values (msgspec holds the GIL throughout), each
+        of its ten or so GIL reacquisitions (after each syscall and hash update) waiting out the
+        5 ms switch interval, so the first of 32 writes ended only once all 32 were encoded
+        (88 ms) while the pool's workers idled. Writing 1 MB into the page cache takes about
+        0.2 ms, counted in the loop's CPU turn so the next step yields when the loop is due.
+
+        The keyed hash of the pieces (0.5 ms per MB) runs in the syncer thread before its
+        fsync, off the loop: hashing lets go of the GIL. The worker reads the file back, hashes
+        what it read and decodes it, and the two digests are compared here, in constant time.
+        That is the check the writer used to hand the worker, done on this side: the digest a
+        receipt names is this process's own, of the very bytes it handed to ``write``, and it
+        is published only once the bytes read back are shown to have it and to decode.
         """
         tmp_path = os.path.join(self.root, "tmp")
         began = time.perf_counter()
-        temp, hex_digest = _write_temp(tmp_path, name, pieces, self._key, on_loop=True)
-        turn = cpu_turn()
-        turn.spent += time.perf_counter() - began
+        temp = _create_temp(tmp_path, name)
         try:
-            await self._verify_elsewhere(temp, hex_digest, size, schema)
+            for piece in pieces:
+                write_fully(temp.fd, piece)
+            temp.hash_and_sync(self._key, pieces)
+        except BaseException:
+            temp.discard(published=False)
+            raise
+        finally:
+            cpu_turn().spent += time.perf_counter() - began
+        try:
+            hex_digest = await self._verify_elsewhere(temp, size, schema)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._backend.run(functools.partial(temp.discard, published=False))
@@ -316,19 +364,24 @@ class Medium(Stepwise):
                     await self._backend.run(functools.partial(temp.discard, published=False))
         return reused
 
-    async def _verify_elsewhere(self, temp: _Temp, hex_digest: str, size: int, schema: Any) -> None:
-        """Verify in a pool worker, or in a thread here when none is free; ``ValueError``."""
+    async def _verify_elsewhere(self, temp: _Temp, size: int, schema: Any) -> str:
+        """Verify in a pool worker, or in a thread here when none is free: the digest.
+
+        Raises ``ValueError`` if the bytes read back are not those written or do not decode.
+        """
         path = os.path.join(self.root, "tmp", temp.name)
-        problem = await _verifiers.verify(path, hex_digest, size, schema, self._key)
-        if problem is _pool.NOT_DONE:
-            await self._backend.run(_verify_temp, temp, hex_digest, size, schema, self._key)
-            return
+        reply = await _verifiers.verify_unknown(path, size, schema, self._key)
         if temp.synced_already():
-            temp.wait_synced()  # done: only its outcome to read, no hop
+            hex_digest = temp.wait_synced()  # done: only its outcome to read, no hop
         else:
-            await self._backend.run(temp.wait_synced)
-        if problem is not None:
-            raise ValueError(problem)
+            hex_digest = await self._backend.run(temp.wait_synced)
+        if hex_digest is None:  # pragma: no cover - hash_and_sync always hashes
+            raise RuntimeError("the syncer did not hash the value")
+        if reply is _pool.NOT_DONE:
+            await self._backend.run(_verify_temp, temp, hex_digest, size, schema, self._key)
+        else:
+            _check_reply(reply, hex_digest)
+        return hex_digest
 
     async def _publish_item(self, item: Publication) -> bool:
         """Publish ``item`` in a group commit; whether its key was live before."""
