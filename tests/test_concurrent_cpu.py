@@ -117,7 +117,7 @@ async def test_a_worker_reports_bytes_read_back_that_are_short_or_invalid(
     else:
         assert reply["digest"] == digest_hex(TEST_KEY, bad)
         assert ">= 0" in reply["problem"]
-    with pytest.raises(ValueError, match="long|>= 0"):
+    with pytest.raises(ValueError, match=r"long|>= 0"):
         _check_reply(reply, digest_hex(TEST_KEY, data))
 
 
