@@ -61,24 +61,17 @@ MEDIUM_BYTES = 2 << 20
 
 
 _names = itertools.count()
-_prefix = secrets.token_hex(6)
-
-
-def _forget_prefix_in_child() -> None:
-    global _prefix
-    _prefix = secrets.token_hex(6)  # a forked child must not make its parent's names
-
-
-os.register_at_fork(after_in_child=_forget_prefix_in_child)
+_prefix = [secrets.token_hex(6)]
+# A forked child must not make its parent's names.
+os.register_at_fork(after_in_child=lambda: _prefix.__setitem__(0, secrets.token_hex(6)))
 
 
 def _temp_name() -> str:
-    """A temp file name unique to this process and call (``O_EXCL`` refuses any other).
+    """A temp name unique to this process and call.
 
-    No ``os.urandom`` per value: 32 values at once spent 0.6 ms each getting the GIL back
-    after its syscall while the syncer threads ran.
+    No ``os.urandom`` per value: 32 at once spent 0.6 ms each getting the GIL back after it.
     """
-    return f"{_prefix}{next(_names):012x}.tmp"
+    return f"{_prefix[0]}{next(_names):012x}.tmp"
 
 
 class _Temp:
@@ -104,10 +97,7 @@ class _Temp:
         self.synced = begun("sync", self._sync_close)  # run here if no thread can be had
 
     def hash_and_sync(self, key: bytes, pieces: Sequence[bytes | memoryview]) -> None:
-        """On the event loop: have a syncer thread hash ``pieces`` (as written), then fsync.
-
-        Returns at once: the loop must not wait for a syncer thread to be free.
-        """
+        """On the loop, returning at once: a syncer thread hashes ``pieces``, then fsyncs."""
         self.written = (key, pieces)
         self.synced = Aside(self._sync_close, pool="sync")
 
@@ -128,7 +118,7 @@ class _Temp:
     def wait_synced(self) -> str | None:
         """Blocking: wait for the fsync and close; raise ``OSError`` if either failed.
 
-        The digest of what was written when :meth:`hash_and_sync` asked for it, else None.
+        The digest of what was written if :meth:`hash_and_sync` asked for it, else None.
         """
         if self.synced is None:
             return self._sync_close()
@@ -154,18 +144,12 @@ def _write_temp(
     tmp_path: str, name: str, pieces: Sequence[bytes | memoryview], key: bytes
 ) -> tuple[_Temp, str]:
     """Blocking: create ``name`` in ``tmp_path``, write and hash ``pieces``: (temp, digest)."""
-    dir_fd = open_dir(tmp_path, False)
-    try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=dir_fd)
-    except BaseException:
-        os.close(dir_fd)
-        raise
-    temp = _Temp(dir_fd, fd, name)
+    temp = _create_temp(tmp_path, name)
     try:
         hasher = new_hasher(key)
         for piece in pieces:
             hasher.update(piece)  # lets go of the GIL for large pieces
-            write_fully(fd, piece)
+            write_fully(temp.fd, piece)
         temp.start_sync()
     except BaseException:
         temp.discard(published=False)
@@ -195,8 +179,7 @@ def _digest_pieces(key: bytes, pieces: Sequence[bytes | memoryview]) -> str:
 def _check_reply(reply: dict[str, Any], hex_digest: str) -> None:
     """Raise ``ValueError`` unless the worker read back bytes with digest ``hex_digest``.
 
-    And bytes that decode against the schema; a length or digest mismatch wins over a
-    decode problem, as in ``checked_decode``.
+    Bytes that do not decode too; a length or digest mismatch wins, as in ``checked_decode``.
     """
     if reply["digest"] is None:  # not as long as written: never hashed
         raise ValueError(reply["problem"])
@@ -337,19 +320,15 @@ class Medium(Stepwise):
     ) -> Stored:
         """Write here, verify in a pool worker, publish in a group commit (many at once).
 
-        The write runs on the event loop thread, with no hop: in a worker thread it waited for
-        the GIL while the loop encoded the other values (msgspec holds the GIL throughout), each
-        of its ten or so GIL reacquisitions (after each syscall and hash update) waiting out the
-        5 ms switch interval, so the first of 32 writes ended only once all 32 were encoded
-        (88 ms) while the pool's workers idled. Writing 1 MB into the page cache takes about
-        0.2 ms, counted in the loop's CPU turn so the next step yields when the loop is due.
-
-        The keyed hash of the pieces (0.5 ms per MB) runs in the syncer thread before its
-        fsync, off the loop: hashing lets go of the GIL. The worker reads the file back, hashes
-        what it read and decodes it, and the two digests are compared here, in constant time.
-        That is the check the writer used to hand the worker, done on this side: the digest a
-        receipt names is this process's own, of the very bytes it handed to ``write``, and it
-        is published only once the bytes read back are shown to have it and to decode.
+        The write runs on the loop, with no hop (about 0.2 ms per MB into the page cache,
+        counted in the loop's CPU turn): in a worker thread, each of its GIL reacquisitions
+        waited out the 5 ms switch interval while the loop encoded other values, so the first
+        of 32 writes ended after all 32 encodes (88 ms) and the pool's workers idled. The keyed
+        hash of the pieces runs in the syncer thread before its fsync (hashing lets go of the
+        GIL). The worker reads the file back, hashes and decodes it, and the two digests are
+        compared here in constant time: the receipt's digest is this process's own, of the
+        bytes it handed to ``write``, published only once the bytes read back have it and
+        decode.
         """
         tmp_path = os.path.join(self.root, "tmp")
         began = time.perf_counter()
