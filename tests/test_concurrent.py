@@ -183,8 +183,9 @@ async def test_a_lone_publish_takes_the_single_publish_path(
 async def test_concurrent_large_compactions_are_verified_by_workers_and_read_back(
     harness: rc.Harness, workspace: rc.LocalWorkspace
 ) -> None:
-    """Twelve ~640 KB compactions at once: workers verify all but the first (stored while no
-    other was yet, so verified here), and every receipt reads back."""
+    """Twelve ~640 KB compactions at once: workers verify all but maybe the first (stored
+    while no other was yet, unless its encode outlasted its turn), and every receipt reads
+    back."""
     _pool.POOL.start()
     assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= 1, 60)
     values = [_value(i, rows=12_000) for i in range(12)]
@@ -197,8 +198,10 @@ async def test_concurrent_large_compactions_are_verified_by_workers_and_read_bac
     async with anyio.create_task_group() as tg:
         for i in range(len(values)):
             tg.start_soon(one, i)
-    # With every worker busy, the others waited for one instead of decoding on the loop.
-    assert _pool.POOL.calls == before + len(values) - 1
+    # With every worker busy, the others waited for one instead of decoding on the loop. The
+    # first is verified here only if it was stored before any other began (under load its
+    # encode can outlast its turn, and the others' then start first).
+    assert before + len(values) - 1 <= _pool.POOL.calls <= before + len(values)
     for i, value in enumerate(values):
         assert receipts[i].exact_ref == ref_of(value)
         assert receipts[i].exact_cache == "stored"
