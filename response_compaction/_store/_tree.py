@@ -31,6 +31,7 @@ from ._paths import (
     _HEX_KEY,
     _NOT_A_FILE,
     KINDS,
+    PROCESS,
     Kind,
     check_stat,
     open_dir,
@@ -163,7 +164,7 @@ def release_now(held: Tree) -> None:
 
 
 def _acquire(root: str, *, remake: bool, wait: bool, kind: Kind | None = None) -> Tree | None:
-    key = (os.getpid(), root)
+    key = (PROCESS.pid, root)
     for _ in range(3):
         if not _lock.acquire(blocking=wait):
             return None
