@@ -6,7 +6,9 @@ no release ever wrote an index without the layout column and the row counter (is
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import warnings
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,50 @@ async def test_index_rows_naming_paths_outside_the_store_touch_nothing(
     assert {report.key for report in await store.verify()} == {hex_of(_value(1))}
     await store.prune(0)
     assert victim.read_bytes() == b"keep me"
+
+
+def test_an_index_without_the_clocks_index_gets_it_and_reads_walk_it(tmp_path: Path) -> None:
+    """An index lacking clocks_seen gains it on open, and the lookup's clock scan sorts nothing."""
+    _index.close_all()
+    root = prepare_root(str(tmp_path / "ws"))
+    _index.release(_index.acquire(root))
+    _index.close_all()
+    path = Path(root) / "index.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP INDEX clocks_seen")
+    index = _index.acquire(root)
+    try:
+        with sqlite3.connect(path) as conn:
+            names = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+            plan = conn.execute(
+                "EXPLAIN QUERY PLAN " + _index.LOOKUP, ("exact", "ab" * 32, 1.0, "me")
+            ).fetchall()
+        assert "clocks_seen" in names
+        assert not any("TEMP B-TREE" in str(step) for step in plan), plan
+    finally:
+        _index.release(index)
+        _index.close_all()
+
+
+def test_a_forked_child_knows_its_own_pid_and_writer_id() -> None:
+    """The pid kept by the fork hook (not asked per call) is the child's, so is its writer id."""
+    from response_compaction._store._clocks import writer_id
+    from response_compaction._store._paths import PROCESS
+
+    parent = writer_id()
+    assert PROCESS.pid == os.getpid()
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork of a threaded process
+        child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child only
+        ok = PROCESS.pid == os.getpid() and writer_id() not in ("", parent)
+        os.write(write_end, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"1"
+    finally:
+        os.close(read_end)
+        os.waitpid(child, 0)
+    assert writer_id() == parent
