@@ -37,7 +37,8 @@ def digest_hex(key: bytes, data: bytes | memoryview) -> str:
     inner.update(data)
     outer = outer.copy()
     outer.update(inner.digest())
-    return outer.hexdigest()
+    hex_digest: str = outer.hexdigest()
+    return hex_digest
 
 
 _IPAD = bytes(x ^ 0x36 for x in range(256))

@@ -17,6 +17,7 @@ import response_compaction as rc
 from response_compaction._errors import map_errors
 from response_compaction._store import ROOT_NAME, _index, open_store
 from response_compaction._store._paths import prepare_root
+from response_compaction._store._tx import LOOKUP
 from tests._store_support import hex_of
 from tests.conftest import FakeClock
 from tests.schemas import FALLBACK, Exact, Row, Summary
@@ -214,7 +215,7 @@ def test_an_index_without_the_clocks_index_gets_it_and_reads_walk_it(tmp_path: P
         with sqlite3.connect(path) as conn:
             names = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
             plan = conn.execute(
-                "EXPLAIN QUERY PLAN " + _index.LOOKUP, ("exact", "ab" * 32, 1.0, "me")
+                "EXPLAIN QUERY PLAN " + LOOKUP, ("exact", "ab" * 32, 1.0, "me")
             ).fetchall()
         assert "clocks_seen" in names
         assert not any("TEMP B-TREE" in str(step) for step in plan), plan

@@ -69,7 +69,7 @@ class Tree:
         subs = [(sub, self.ids[sub], os.path.join(root, sub)) for sub in _SUBS]
         # What each operation re-checks, worked out once: a read of one kind skips the other
         # kind's directory (a filter in the loop cost every read 0.3 us).
-        self._subs = {
+        self._subs: dict[Kind | None, tuple[tuple[str, tuple[int, int], str], ...]] = {
             None: tuple(subs),
             **{kind: tuple(s for s in subs if s[0] not in KINDS or s[0] == kind) for kind in KINDS},
         }
