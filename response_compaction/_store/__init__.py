@@ -95,9 +95,11 @@ async def open_store(fs: Any) -> Store:
         known = _stores.get((PROCESS.pid, fs.path, current_backend()))
         if known is not None:
             store, stamp = known
-            with contextlib.suppress(OSError):
+            try:  # not contextlib.suppress: building one cost every read 0.3 us
                 if _key_stamp(store.root) == stamp:
                     return store
+            except OSError:
+                pass  # gone or unreadable: opened again below
     file_backend: FileBackend | None = None
     if isinstance(fs, LocalWorkspace):
         clock, file_backend = fs.clock, fs.file_backend

@@ -117,15 +117,21 @@ def open_dir(path: str, create: bool, dir_fd: int | None = None) -> int:
     A directory it creates is made durable in its parent at once: a fan-out directory lost in
     a crash would take the fsynced entries below it along.
     """
-    if create:
-        try:
-            os.mkdir(path, 0o700, dir_fd=dir_fd)
-        except FileExistsError:
-            pass
-        else:
-            fsync_parent(path, dir_fd)
     try:
-        fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+        # Opened first, made only if absent: every put opens its fan-out directory, which
+        # nearly always exists, and a mkdir failing with EEXIST was a system call per put.
+        try:
+            fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(path, 0o700, dir_fd=dir_fd)
+            except FileExistsError:
+                pass
+            else:
+                fsync_parent(path, dir_fd)
+            fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise UnsafeStoreError("store path is a symlink or not a directory", path) from exc
