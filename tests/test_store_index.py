@@ -6,9 +6,9 @@ no release ever wrote an index without the layout column and the row counter (is
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import warnings
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,23 +226,23 @@ def test_an_index_without_the_clocks_index_gets_it_and_reads_walk_it(tmp_path: P
 
 def test_a_forked_child_knows_its_own_pid_and_writer_id() -> None:
     """The pid kept by the fork hook (not asked per call) is the child's, so is its writer id."""
-    from response_compaction._store._clocks import writer_id
-    from response_compaction._store._paths import PROCESS
-
-    parent = writer_id()
-    assert PROCESS.pid == os.getpid()
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork of a threaded process
-        child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the child only
-        ok = PROCESS.pid == os.getpid() and writer_id() not in ("", parent)
-        os.write(write_end, b"1" if ok else b"0")
-        os._exit(0)
-    os.close(write_end)
-    try:
-        assert os.read(read_end, 1) == b"1"
-    finally:
-        os.close(read_end)
-        os.waitpid(child, 0)
-    assert writer_id() == parent
+    # In a fresh single-threaded interpreter: a fork of the test process (threads running)
+    # can leave the child waiting forever on a lock some other thread held.
+    script = """
+import os
+from response_compaction._store._clocks import writer_id
+from response_compaction._store._paths import PROCESS
+parent = writer_id()
+assert PROCESS.pid == os.getpid()
+child = os.fork()
+if child == 0:
+    ok = PROCESS.pid == os.getpid() and writer_id() not in ("", parent)
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(child, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert writer_id() == parent and PROCESS.pid == os.getpid()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr

@@ -362,7 +362,9 @@ def release(index: Index, *, close_idle: bool = True) -> None:
             if retired.users == 0:
                 del _retired[id(index)]
                 index.close()
-        idle = [key for key, slot in _open.items() if slot.users == 0] if close_idle else []
+        if not close_idle or len(_open) <= MAX_IDLE_INDEXES:
+            return  # nothing to close: every read ends here
+        idle = [key for key, slot in _open.items() if slot.users == 0]
         for key in idle[: max(0, len(idle) - MAX_IDLE_INDEXES)]:
             _open.pop(key).index.close()
 
