@@ -20,9 +20,10 @@ import time
 from typing import Any
 
 from benchmarks import _extra, _part
+from benchmarks._base import Plan
 from benchmarks._machine import library_source, machine, versions
 from benchmarks._report import CAVEATS, render, targets
-from benchmarks._run import Plan, Suite
+from benchmarks._run import Suite
 from benchmarks.workloads import SHAPES
 
 SECTIONS = ("big", "small", "concurrency", "scale", "cold", "raw", "part", "import")

@@ -16,8 +16,9 @@ import msgspec
 
 import response_compaction as rc
 
+from ._base import BACKENDS, REPO, Result, _harness, _label, _options, settle
 from ._loop import with_heartbeat
-from ._run import BACKENDS, REPO, Result, Suite, _harness, _label, _options, settle
+from ._run import Suite
 from .workloads import Summary, build
 
 __all__ = ["COLD", "IMPORT", "RAW", "cold_start", "import_time", "raw_inputs"]

@@ -21,8 +21,9 @@ import msgspec
 
 import response_compaction as rc
 
+from ._base import BACKENDS, Result, _backend_name, _harness, _label, _options, settle
 from ._loop import with_heartbeat
-from ._run import BACKENDS, Result, Suite, _backend_name, _harness, _label, _options, settle
+from ._run import Suite
 from .workloads import Summary, Workload, build
 
 __all__ = ["HASH", "read_parts", "verdict"]

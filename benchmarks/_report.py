@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _extra, _part
+from ._base import _COMPACT, _COMPACT_EXACT, _HIT, _READ_OP, BACKENDS, Memory, Result
 from ._loop import Freeze
-from ._run import _COMPACT, _COMPACT_EXACT, _HIT, _READ_OP, BACKENDS, Memory, Result, Suite
+from ._run import Suite
 
 __all__ = ["CAVEATS", "Target", "render", "targets"]
 

@@ -91,15 +91,15 @@ def test_a_spread_sample_sees_large_items_at_the_end() -> None:
 
 
 def test_a_dict_the_sample_calls_small_is_one_piece_without_a_span() -> None:
-    """A dict projected under half a piece is written whole, with no mapping span; one over it
-    is sliced (an object left whole is decoded with the rest of its document on reads)."""
-    small = {f"k{i:05d}": i for i in range(1000)}  # about 12 KB against 64 KB pieces
+    """A dict projected under two pieces is written whole, with no mapping span, as an array
+    is; one over it is sliced (an object left whole is decoded with its document on reads)."""
+    small = {f"k{i:05d}": i for i in range(8000)}  # about 100 KB against 64 KB pieces
     layout: list[Span] = []
     pieces = [bytes(p) for p in iter_canonical(small, 64 << 10, layout)]
     assert b"".join(pieces) == msgspec.json.encode(small, order="sorted")
     assert layout == []
     assert len(pieces) == 1  # its whole encoding
-    large = {f"k{i:05d}": i for i in range(4000)}  # about 50 KB: over half a 64 KB piece
+    large = {f"k{i:05d}": i for i in range(12000)}  # about 150 KB: over two 64 KB pieces
     layout = []
     data = b"".join(bytes(p) for p in iter_canonical(large, 64 << 10, layout))
     assert data == msgspec.json.encode(large, order="sorted")

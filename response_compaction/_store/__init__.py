@@ -216,20 +216,17 @@ class Store(Medium):
         turn = cpu_turn()
         async with turn:
             head, size, rest = _gather(iter(pieces), SMALL_BYTES)
+        if rest is not None and size <= SMALL_BYTES:
+            # The gather ended on its time budget: the next step yields first. Only ever
+            # raised here (not reset: the count is shared with tasks holding the turn now).
+            turn.spent = max(turn.spent, STEPS_SECONDS)
+            size, rest = await _gather_more(head, size, rest, SMALL_BYTES)
         if rest is None:
             data = b"".join(head)
             return await self._put_small(kind, key, data, layout, schema, ttl_seconds,
                                          max_entries, want_value_up_to)  # fmt: skip
-        if turn.spent >= STEPS_SECONDS / 2:
-            # The gather ended on its time budget: the next step yields first. Only ever
-            # raised here (not reset: the count is shared with tasks holding the turn now).
-            turn.spent = max(turn.spent, STEPS_SECONDS)
         with storing():
             size, rest = await _gather_more(head, size, rest, MEDIUM_BYTES)
-            if rest is None and size <= SMALL_BYTES:  # slow to encode, but small after all
-                return await self._put_small(kind, key, b"".join(head), layout, schema,
-                                             ttl_seconds, max_entries,
-                                             want_value_up_to)  # fmt: skip
             if rest is None:
                 return await self._put_medium(kind, key, head, size, layout, schema, ttl_seconds,
                                               max_entries, size <= want_value_up_to)  # fmt: skip
