@@ -46,9 +46,46 @@ def _share() -> _Share:
         return share
 
 
+#: A schema's description as sent, by schema: the same few schemas come back on every call.
+_SENT: dict[Any, str | None] = {}
+
+
+def _described(schema: Any) -> str | None:
+    try:
+        return _SENT[schema]
+    except KeyError:
+        pass
+    except TypeError:  # not hashable: described per call
+        return _encoded(schema)
+    text = _SENT[schema] = _encoded(schema)
+    if len(_SENT) > 256:  # schemas made on the fly must not grow it without bound
+        _SENT.pop(next(iter(_SENT)))
+    return text
+
+
+def _encoded(schema: Any) -> str | None:
+    description = describe(schema)
+    return None if description is None else msgspec.json.encode(description).decode()
+
+
 async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
     """Have a worker verify the file at ``path``: what is wrong, None, or NOT_DONE."""
-    description = describe(schema)
+    reply = await _verify(path, hex_digest, size, schema, key)
+    return reply if reply is NOT_DONE else reply["problem"]
+
+
+async def verify_unknown(path: str, size: int, schema: Any, key: bytes) -> Any:
+    """Have a worker read back, hash and decode the file at ``path``: its reply, or NOT_DONE.
+
+    The reply's ``digest`` is the keyed digest of the bytes it read (None if they were not
+    ``size`` long) and ``problem`` what is wrong with them otherwise, or None: the caller
+    compares the digest with its own.
+    """
+    return await _verify(path, None, size, schema, key)
+
+
+async def _verify(path: str, hex_digest: str | None, size: int, schema: Any, key: bytes) -> Any:
+    description = _described(schema)
     if description is None:
         return NOT_DONE
     share = _share()
@@ -67,11 +104,11 @@ async def verify(path: str, hex_digest: str, size: int, schema: Any, key: bytes)
                 "digest": hex_digest,
                 "size": size,
                 "key": key,
-                "schema": msgspec.json.encode(description).decode(),
+                "schema": description,
             },
             worker,
         )
     finally:
         share.in_flight -= 1
         share.poke()
-    return reply if reply is NOT_DONE else reply["problem"]
+    return reply

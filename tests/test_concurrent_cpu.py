@@ -1,0 +1,158 @@
+"""Many medium values on one loop: what the caller's process does per value, and in what order.
+
+A medium value being gathered finishes in its first CPU turn (its tail used to queue behind
+every other task's turn, so 32 values were all encoded before the first was written); the
+pool's workers are called on the event loop, with no worker thread; when a worker verifies
+a value this process wrote, it hashes what it read back and this process compares that with
+its own digest of the bytes it wrote.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import pytest
+from anyio import wait_all_tasks_blocked
+
+import response_compaction as rc
+from response_compaction import _pool, _verifiers
+from response_compaction._canonical import iter_canonical
+from response_compaction._digest import digest_hex
+from response_compaction._store import open_store
+from response_compaction._store._medium import _check_reply
+from response_compaction._store._turns import cpu_turn
+from tests._store_support import TEST_KEY, canonical, compact, ref_of, store_root, temp_files
+from tests.schemas import Exact, big_exact
+
+pytestmark = pytest.mark.anyio
+
+#: About 320 KB of canonical JSON: over the one-hop size of small values, quick to encode.
+ROWS = 5_300
+
+
+async def _ready_pool() -> None:
+    _pool.POOL.start()
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= 1, 60)
+
+
+async def test_a_medium_value_is_gathered_before_tasks_queued_behind_it_take_a_turn(
+    workspace: rc.LocalWorkspace,
+) -> None:
+    """Every piece of a medium value is encoded in its first turn, before queued tasks run."""
+    store = await open_store(workspace)
+    value = big_exact(ROWS)
+    assert len(canonical(value)) > 256 << 10
+    events: list[str] = []
+
+    def pieces() -> Iterator[bytes | memoryview]:
+        for piece in iter_canonical(value):
+            events.append("piece")
+            yield piece
+        events.append("end")
+
+    async def other() -> None:
+        async with turn:
+            events.append("other")
+
+    turn = cpu_turn()
+    async with anyio.create_task_group() as tg:
+        await turn.acquire()  # the put, then the others, queue on it in this order
+        tg.start_soon(lambda: store.put("exact", pieces(), key=None, schema=Exact,
+                                        ttl_seconds=3600, max_entries=100,
+                                        want_value_up_to=0))  # fmt: skip
+        await wait_all_tasks_blocked()
+        for _ in range(3):
+            tg.start_soon(other)
+        await wait_all_tasks_blocked()
+        turn.release()
+    assert events.count("other") == 3
+    assert events.index("end") < events.index("other")
+    assert temp_files(store_root(workspace)) == []
+
+
+async def test_a_worker_hashes_what_it_reads_back_without_a_thread_here(tmp_path: Path) -> None:
+    """A worker reading back a file (a FIFO that waits for the test) holds no thread here,
+    and replies with the keyed digest of the bytes it read and no problem."""
+    await _ready_pool()
+    data = canonical(big_exact(3))
+    path = tmp_path / "value.tmp"
+    os.mkfifo(path)
+    replies = []
+
+    async def ask() -> None:
+        replies.append(await _verifiers.verify_unknown(str(path), len(data), Exact, TEST_KEY))
+
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        await wait_all_tasks_blocked()
+        assert limiter.borrowed_tokens == 0  # waiting on the socket, not in a worker thread
+        await anyio.to_thread.run_sync(path.write_bytes, data)  # the worker's open returns
+    (reply,) = replies
+    assert reply == {"problem": None, "digest": digest_hex(TEST_KEY, data)}
+    _check_reply(reply, digest_hex(TEST_KEY, data))
+
+
+@pytest.mark.parametrize("cut", ["short", "invalid"])
+async def test_a_worker_reports_bytes_read_back_that_are_short_or_invalid(
+    tmp_path: Path, cut: str
+) -> None:
+    """Short bytes come back with no digest; bytes that break the schema with their digest."""
+    await _ready_pool()
+    good = canonical(Exact(rows=big_exact(3).rows, total=3))
+    bad = canonical(Exact(rows=big_exact(3).rows, total=-1))
+    data = good[:-1] if cut == "short" else bad
+    path = tmp_path / "value.tmp"
+    path.write_bytes(data)
+    size = len(good) if cut == "short" else len(bad)
+    reply = await _verifiers.verify_unknown(str(path), size, Exact, TEST_KEY)
+    assert reply is not _pool.NOT_DONE
+    if cut == "short":
+        assert reply == {"problem": "the bytes read back are not as long as those written",
+                         "digest": None}  # fmt: skip
+    else:
+        assert reply["digest"] == digest_hex(TEST_KEY, bad)
+        assert ">= 0" in reply["problem"]
+    with pytest.raises(ValueError, match=r"long|>= 0"):
+        _check_reply(reply, digest_hex(TEST_KEY, data))
+
+
+def test_a_digest_that_differs_from_the_writers_wins_over_a_decode_problem() -> None:
+    """Bytes read back under another digest are refused as such, whatever their decode said."""
+    ours = digest_hex(TEST_KEY, b'{"a":1}')
+    theirs = digest_hex(TEST_KEY, b'{"a":2}')
+    with pytest.raises(ValueError, match="do not match their digest"):
+        _check_reply({"problem": None, "digest": theirs}, ours)
+    with pytest.raises(ValueError, match="do not match their digest"):
+        _check_reply({"problem": "Expected `int`", "digest": theirs}, ours)
+    with pytest.raises(ValueError, match="Expected `int`"):
+        _check_reply({"problem": "Expected `int`", "digest": ours}, ours)
+    _check_reply({"problem": None, "digest": ours}, ours)
+
+
+async def test_many_medium_values_at_once_get_the_writers_digests(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """Eight medium values at once: verified by workers, each receipt names its own digest."""
+    await _ready_pool()
+    values = [Exact(rows=big_exact(16_000).rows, total=i) for i in range(8)]  # ~960 KB each
+    receipts: dict[int, rc.Receipt] = {}
+
+    async def one(i: int) -> None:
+        receipts[i] = (await compact(harness, values[i])).receipt
+
+    before = _pool.POOL.calls
+    async with anyio.create_task_group() as tg:
+        for i in range(len(values)):
+            tg.start_soon(one, i)
+    assert _pool.POOL.calls > before
+    for i, value in enumerate(values):
+        assert receipts[i].exact_ref == ref_of(value)
+        assert receipts[i].exact_cache == "stored"
+        found = await rc.response_compaction_read_exact(harness, receipts[i].exact_ref, Exact)
+        assert found == rc.Found(value=value)
+    assert temp_files(store_root(workspace)) == []
