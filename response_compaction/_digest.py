@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Any
 
 __all__ = ["DIGEST_PREFIX", "KEY_BYTES", "digest_hex", "digest_of", "matches", "new_hasher"]
 
@@ -29,7 +30,31 @@ def new_hasher(key: bytes) -> hmac.HMAC:
 
 def digest_hex(key: bytes, data: bytes | memoryview) -> str:
     """The 64 hex characters of ``data``'s keyed digest."""
-    return hmac.digest(key, data, "sha256").hex()
+    # HMAC (RFC 2104) from the key's two pads hashed once per key: ``hmac.digest`` hashes
+    # them again on every call, 2.35 against 1.68 us for 2 KB (every small read and put).
+    inner, outer = _pads.get(key) or _padded(key)
+    inner = inner.copy()
+    inner.update(data)
+    outer = outer.copy()
+    outer.update(inner.digest())
+    hex_digest: str = outer.hexdigest()
+    return hex_digest
+
+
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+# The hashes of each key's pads, never updated themselves (copied per digest): a few keys
+# per process (one per store).
+_pads: dict[bytes, tuple[Any, Any]] = {}
+
+
+def _padded(key: bytes) -> tuple[Any, Any]:
+    block = (key if len(key) <= 64 else hashlib.sha256(key).digest()).ljust(64, b"\0")
+    pads = (hashlib.sha256(block.translate(_IPAD)), hashlib.sha256(block.translate(_OPAD)))
+    if len(_pads) >= 16:
+        _pads.clear()
+    _pads[bytes(key)] = pads
+    return pads
 
 
 def digest_of(key: bytes, data: bytes | memoryview) -> str:

@@ -13,8 +13,11 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import response_compaction as rc
+from response_compaction._digest import digest_hex
 from tests._store_support import canonical, entry_path, store_root
 from tests.schemas import FALLBACK, Summary
 
@@ -168,3 +171,11 @@ async def test_processes_racing_for_a_fresh_store_agree_on_one_key(tmp_path: Pat
     for i, ref in refs.items():
         assert ref == "rc1:" + hmac.new(key, canonical({"i": i}), hashlib.sha256).hexdigest()
         assert await _read(ws, ref) == rc.Found(value={"i": i})
+
+
+@given(key=st.binary(max_size=200), data=st.binary(max_size=5000))
+def test_the_digest_from_kept_pads_is_hmac_sha256(key: bytes, data: bytes) -> None:
+    """digest_hex (the key's pads hashed once, then copied) equals hmac's HMAC-SHA256."""
+    expected = hmac.digest(key, data, "sha256").hex()
+    assert digest_hex(key, data) == expected
+    assert digest_hex(key, memoryview(data)) == expected  # the cached pads were not updated

@@ -14,6 +14,7 @@ import pytest
 import response_compaction as rc
 from response_compaction import _pool
 from response_compaction._store import _index
+from response_compaction._store._oneshot import read_regular
 from tests._store_support import compact, entry_path, hex_of, ref_of, store_root
 from tests.conftest import FakeClock
 from tests.schemas import Exact, Row, Summary, big_exact
@@ -152,3 +153,17 @@ async def test_a_read_on_the_loop_never_commits_its_use_there(harness: rc.Harnes
         index._conn.set_trace_callback(None)
         _index.release(index)
     assert on_loop == []
+
+
+@pytest.mark.parametrize("size", [0, 1, 99, 100, 101, 250])
+def test_a_bounded_read_stops_at_the_end_or_one_byte_past_the_limit(
+    tmp_path: Path, size: int
+) -> None:
+    """read_regular (ended by the fstat size, not an empty read) returns min(size, limit + 1)."""
+    (tmp_path / "f").write_bytes(bytes(range(256))[:size])
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert read_regular("f", fd, 100) == bytes(range(256))[: min(size, 101)]
+        assert read_regular("f", fd) == bytes(range(256))[:size]
+    finally:
+        os.close(fd)

@@ -14,6 +14,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction._store import _index
+from response_compaction._store._paths import open_dir
 from tests._store_support import FaultyBackend, compact, entry_path, store_root
 from tests.schemas import Exact, Row
 
@@ -173,3 +174,28 @@ async def test_a_symlinked_workspace_of_our_own_is_accepted(tmp_path: Path) -> N
     harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path / "link" / "ws"), llm=None)
     await compact(harness, A)
     assert (real / "ws" / "response-compaction-v1" / "index.sqlite3").exists()
+
+
+def test_a_directory_is_opened_first_and_made_only_when_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """open_dir(create=True) calls mkdir (and fsyncs the parent) only for a missing directory."""
+    made: list[str] = []
+    real = os.mkdir
+
+    def mkdir(path: str, *args: Any, **kwargs: Any) -> None:
+        made.append(path)
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    recorder = FsyncRecorder()
+    try:
+        with recorder(open_dir):
+            os.close(open_dir("ab", create=True, dir_fd=parent))
+            os.close(open_dir("ab", create=True, dir_fd=parent))
+    finally:
+        os.close(parent)
+    assert made == ["ab"]
+    assert recorder.root_syncs(_identity(tmp_path)) == 1
+    assert oct((tmp_path / "ab").stat().st_mode & 0o777) == "0o700"

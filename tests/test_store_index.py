@@ -7,6 +7,8 @@ no release ever wrote an index without the layout column and the row counter (is
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import response_compaction as rc
 from response_compaction._errors import map_errors
 from response_compaction._store import ROOT_NAME, _index, open_store
 from response_compaction._store._paths import prepare_root
+from response_compaction._store._tx import LOOKUP
 from tests._store_support import hex_of
 from tests.conftest import FakeClock
 from tests.schemas import FALLBACK, Exact, Row, Summary
@@ -196,3 +199,50 @@ async def test_index_rows_naming_paths_outside_the_store_touch_nothing(
     assert {report.key for report in await store.verify()} == {hex_of(_value(1))}
     await store.prune(0)
     assert victim.read_bytes() == b"keep me"
+
+
+def test_an_index_without_the_clocks_index_gets_it_and_reads_walk_it(tmp_path: Path) -> None:
+    """An index lacking clocks_seen gains it on open, and the lookup's clock scan sorts nothing."""
+    _index.close_all()
+    root = prepare_root(str(tmp_path / "ws"))
+    _index.release(_index.acquire(root))
+    _index.close_all()
+    path = Path(root) / "index.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP INDEX clocks_seen")
+    index = _index.acquire(root)
+    try:
+        with sqlite3.connect(path) as conn:
+            names = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+            plan = conn.execute(
+                "EXPLAIN QUERY PLAN " + LOOKUP, ("exact", "ab" * 32, 1.0, "me")
+            ).fetchall()
+        assert "clocks_seen" in names
+        assert not any("TEMP B-TREE" in str(step) for step in plan), plan
+    finally:
+        _index.release(index)
+        _index.close_all()
+
+
+def test_a_forked_child_knows_its_own_pid_and_writer_id() -> None:
+    """The pid kept by the fork hook (not asked per call) is the child's, so is its writer id."""
+    # In a fresh single-threaded interpreter: a fork of the test process (threads running)
+    # can leave the child waiting forever on a lock some other thread held.
+    script = """
+import os
+from response_compaction._store._clocks import writer_id
+from response_compaction._store._paths import PROCESS
+parent = writer_id()
+assert PROCESS.pid == os.getpid()
+child = os.fork()
+if child == 0:
+    ok = PROCESS.pid == os.getpid() and writer_id() not in ("", parent)
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(child, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert writer_id() == parent and PROCESS.pid == os.getpid()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr

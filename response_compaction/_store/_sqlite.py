@@ -51,7 +51,13 @@ _SCHEMA = (
     """CREATE TRIGGER IF NOT EXISTS entries_removed AFTER DELETE ON entries BEGIN
         UPDATE counts SET n = n - 1 WHERE kind = OLD.kind;
     END""",
+    # Every read asks for the second-highest clock (_clocks.attested_sql): without it, a
+    # sort of the table in a temp B-tree (1.4 us of a 5 us lookup with one writer, 9 us at
+    # 61 writers). Last, so an index of an older build, which lacks it, is brought up to date.
+    "CREATE INDEX IF NOT EXISTS clocks_seen ON clocks (seen)",
 )
+#: The schema object created last: an index that has it has every one.
+_LAST = "clocks_seen"
 
 
 class IndexBusy(Exception):  # noqa: N818 - a signal to retry, not an error anyone sees
@@ -112,7 +118,7 @@ def connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous=FULL")
         if (
             schema
-            and not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'clocks'").fetchone()
+            and not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (_LAST,)).fetchone()
         ):
             # One writer at a time creates the schema, so concurrent first opens agree.
             conn.execute("BEGIN IMMEDIATE")

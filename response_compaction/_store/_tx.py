@@ -7,7 +7,7 @@ import re
 import sqlite3
 from typing import NamedTuple
 
-from ._clocks import ATTESTED_SQL, DELETABLE_SQL, record_clock, writer_id
+from ._clocks import ATTESTED_SQL, DELETABLE_SQL, attested_sql, record_clock, writer_id
 from ._paths import Kind, valid_name
 
 __all__ = ["HEX", "LOOKUP", "CorruptRowError", "Entry", "Row", "Transaction", "entry_of", "number"]
@@ -19,9 +19,10 @@ _BEYOND_BOUND = (
     "SELECT key FROM entries WHERE kind = :kind AND key != :keep"  # noqa: S608
     f" AND NOT {DELETABLE_SQL} ORDER BY last_used DESC LIMIT -1 OFFSET :skip"
 )
+#: Bound as (kind, key, now, writer id): numbered, so a tuple binds it (see attested_sql).
 LOOKUP = (
-    f"SELECT digest, size, expires_at, layout, {ATTESTED_SQL} FROM entries"  # noqa: S608
-    " WHERE kind = :kind AND key = :key"
+    f"SELECT digest, size, expires_at, layout, {attested_sql('?3', '?4')}"  # noqa: S608
+    " FROM entries WHERE kind = ?1 AND key = ?2"
 )
 _ATTESTED = f"SELECT {ATTESTED_SQL}"
 
@@ -31,6 +32,8 @@ class CorruptRowError(ValueError):
 
 
 def number(value: object) -> float | None:
+    if type(value) is float:  # the usual cell first: every read asks twice (a finite x - x is 0)
+        return value if value - value == 0.0 else None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
