@@ -24,31 +24,47 @@ pytestmark = pytest.mark.anyio
 A = Exact(rows=[Row(id=1, name="alpha")], total=1)
 
 
+#: A small value (one hop) and a medium one (about 1 MB, stored in one worker-thread call).
+SIZES = pytest.mark.parametrize(
+    ("value", "marker"),
+    [(A, b'"alpha"'), (big_exact(16_000), b'"id":0,')],
+    ids=["small", "medium"],
+)
+
+
+@SIZES
 async def test_an_intact_live_entry_is_renewed_not_rewritten(
-    harness: rc.Harness, clock: FakeClock
+    harness: rc.Harness, clock: FakeClock, value: Exact, marker: bytes
 ) -> None:
     """Compacting a stored value again keeps the same file (inode, mtime) and renews its TTL."""
-    await compact(harness, A, ttl_seconds=100)
-    path = entry_path(store_root(harness.fs), hex_of(A))
+    await compact(harness, value, ttl_seconds=100)
+    path = entry_path(store_root(harness.fs), hex_of(value))
     os.utime(path, ns=(1_000_000_000, 1_000_000_000))
     before = os.stat(path)
     clock.advance(60)
-    again = await compact(harness, A, ttl_seconds=100)
+    again = await compact(harness, value, ttl_seconds=100)
     assert again.receipt.exact_cache == "reused"
     after = os.stat(path)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     clock.advance(60)  # past the first expiry, before the renewed one
-    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+    found = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
+    assert found == rc.Found(value=value)
 
 
-async def test_a_tampered_entry_is_rewritten_not_renewed(harness: rc.Harness) -> None:
+@SIZES
+async def test_a_tampered_entry_is_rewritten_not_renewed(
+    harness: rc.Harness, value: Exact, marker: bytes
+) -> None:
     """A live entry whose bytes changed on disk is written afresh by the next compaction."""
-    await compact(harness, A)
-    path = entry_path(store_root(harness.fs), hex_of(A))
-    path.write_bytes(path.read_bytes().replace(b"alpha", b"alphb"))
-    again = await compact(harness, A)
+    await compact(harness, value)
+    path = entry_path(store_root(harness.fs), hex_of(value))
+    tampered = path.read_bytes().replace(marker, marker[:-2] + b"9" + marker[-1:], 1)
+    assert tampered != path.read_bytes()
+    path.write_bytes(tampered)
+    again = await compact(harness, value)
     assert again.receipt.exact_cache == "reused"  # the row was live; the file is new
-    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+    found = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
+    assert found == rc.Found(value=value)
 
 
 async def test_reads_work_whether_or_not_the_index_is_open(harness: rc.Harness) -> None:

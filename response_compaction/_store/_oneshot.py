@@ -49,6 +49,7 @@ __all__ = [
     "read_checked",
     "read_inline",
     "read_regular",
+    "renew_intact",
     "write_fully",
 ]
 
@@ -101,6 +102,23 @@ def put_small(
                 index, dirs.tmp, temp_name, kind, key, data, (hex_digest, store_key), row,
                 schema, now, max_entries,
             )  # fmt: skip
+        finally:
+            _index.release(index)
+
+
+def renew_intact(
+    root: str, kind: Kind, key: str, data: bytes, row: Row, schema: Any, now: float,
+    max_entries: int,
+) -> Put | None:  # fmt: skip
+    """Blocking: renew ``key`` if live with ``data``'s digest and ``data`` on disk; else None.
+
+    ``ValueError`` if those bytes do not validate against ``schema``.
+    """
+    with tree(root) as dirs:
+        with map_errors(INDEX_ERRORS):
+            index = _index.acquire(root)
+        try:
+            return _renew_if_intact(index, dirs, kind, key, data, row, schema, now, max_entries)
         finally:
             _index.release(index)
 
