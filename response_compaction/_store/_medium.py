@@ -129,7 +129,7 @@ def _renew_here(
     """
     _, kind, key, row, now, max_entries = publication
     with paused_gc():  # a young collection over the fresh tree costs more than the decode
-        put = renew_intact(root, kind, key, b"".join(pieces), row, schema, now, max_entries)
+        put = renew_intact(root, kind, key, pieces, row, schema, now, max_entries)
     if put is None:
         return None
     checked = [put.value]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._canonical import decode_exact
@@ -94,7 +95,7 @@ def put_small(
         with map_errors(INDEX_ERRORS):
             index = _index.acquire(root)
         try:
-            renewed = _renew_if_intact(index, dirs, kind, key, data, row, schema, now,
+            renewed = _renew_if_intact(index, dirs, kind, key, (data,), row, schema, now,
                                        max_entries)  # fmt: skip
             if renewed is not None:
                 return renewed
@@ -107,8 +108,8 @@ def put_small(
 
 
 def renew_intact(
-    root: str, kind: Kind, key: str, data: bytes, row: Row, schema: Any, now: float,
-    max_entries: int,
+    root: str, kind: Kind, key: str, pieces: Sequence[bytes | memoryview], row: Row,
+    schema: Any, now: float, max_entries: int,
 ) -> Put | None:  # fmt: skip
     """Blocking: renew ``key`` if live with ``data``'s digest and ``data`` on disk; else None.
 
@@ -118,7 +119,7 @@ def renew_intact(
         with map_errors(INDEX_ERRORS):
             index = _index.acquire(root)
         try:
-            return _renew_if_intact(index, dirs, kind, key, data, row, schema, now, max_entries)
+            return _renew_if_intact(index, dirs, kind, key, pieces, row, schema, now, max_entries)
         finally:
             _index.release(index)
 
@@ -128,7 +129,7 @@ def _renew_if_intact(
     dirs: Tree,
     kind: Kind,
     key: str,
-    data: bytes,
+    pieces: Sequence[bytes | memoryview],
     row: Row,
     schema: Any,
     now: float,
@@ -141,20 +142,32 @@ def _renew_if_intact(
         return None  # the fresh write's upsert replaces the row
     if existing is None or existing.expires_at <= max(now, existing.attested):
         return None
-    if existing.digest != row.digest or existing.size != len(data):
+    if existing.digest != row.digest or existing.size != row.size:
         return None
     try:
         on_disk = _read_entry(dirs, kind, key)
     except OSError:
         return None  # gone, or not a regular file: write it afresh
-    # Equal bytes hash to the digest computed from ``data``; the row's digest (the same seal
+    # Equal bytes hash to the digest computed from ``pieces``; the row's digest (the same seal
     # as ``row``'s) only said where to look.
-    if on_disk != data:
+    if not _same_bytes(on_disk, pieces):
         return None
     value = decode_exact(on_disk, schema)  # ValueError: the value does not validate
     with map_errors(f"could not renew the {kind} value in the store index"):
         renewed = renew(index, kind, key, row, now, max_entries)
     return Put(reused=True, value=value) if renewed else None
+
+
+def _same_bytes(data: bytes, pieces: Sequence[bytes | memoryview]) -> bool:
+    """Whether ``data`` is ``pieces`` one after the other (compared in place, not joined)."""
+    view = memoryview(data)
+    at = 0
+    for piece in pieces:
+        end = at + len(piece)
+        if view[at:end] != piece:
+            return False
+        at = end
+    return at == len(data)
 
 
 def _write_new(
