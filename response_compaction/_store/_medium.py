@@ -6,8 +6,9 @@ back, a hash, the index, the publish, the closes), and verifies a value over hal
 a worker process, a round trip of about 2 ms. For 1 MB that was a third of the time the work
 itself takes. A value the encoder gave whole (up to ``MEDIUM_BYTES``) goes through the same
 steps in the same order, with the same checks, in one worker-thread call (:func:`_store_here`):
-create the temp file, write every piece (looping on short writes) and hash it, hand its fsync
-to a syncer thread, read it back by name, check its keyed digest, decode it against the schema
+hash the pieces (an entry already live under that digest, intact on disk and valid, is
+renewed instead of written again), create the temp file, write every piece (looping on short
+writes), hand its fsync to a syncer thread, read it back by name, check its keyed digest, decode it against the schema
 (GC paused), wait for the fsync, then publish it (rename, directory fsync, row). The read-back
 sees the bytes written whether or not they are on disk yet, and nothing is published before
 the fsync and the verification both ended. The syncer is started before the decode because
