@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anyio
 import msgspec
 from hypothesis import settings
 
@@ -41,6 +42,19 @@ def options(**overrides: Any) -> dict[str, Any]:
 async def compact(harness: Any, value: Any, **overrides: Any) -> rc.Compacted[Any, Any]:
     """``response_compact`` of an ``Exact`` value with :func:`options`."""
     return await rc.response_compact(harness, value, Exact, Summary, options(**overrides))
+
+
+async def compact_at_once(harness: Any, values: list[Any]) -> dict[int, rc.Receipt]:
+    """:func:`compact` of every value in one task group: the receipts by position."""
+    receipts: dict[int, rc.Receipt] = {}
+
+    async def one(i: int) -> None:
+        receipts[i] = (await compact(harness, values[i])).receipt
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(values)):
+            tg.start_soon(one, i)
+    return receipts
 
 
 def canonical(value: Any) -> bytes:

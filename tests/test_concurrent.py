@@ -31,7 +31,7 @@ from response_compaction._store._group import publish_grouped
 from response_compaction._store._index import Row
 from response_compaction._store._turns import STEPS_SECONDS, cpu_turn
 from tests._store_support import (
-    compact,
+    compact_at_once,
     entry_files,
     hex_of,
     index_rows,
@@ -189,15 +189,8 @@ async def test_concurrent_large_compactions_are_verified_by_workers_and_read_bac
     _pool.POOL.start()
     assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= 1, 60)
     values = [_value(i, rows=12_000) for i in range(12)]
-    receipts: dict[int, rc.Receipt] = {}
-
-    async def one(i: int) -> None:
-        receipts[i] = (await compact(harness, values[i])).receipt
-
     before = _pool.POOL.calls
-    async with anyio.create_task_group() as tg:
-        for i in range(len(values)):
-            tg.start_soon(one, i)
+    receipts = await compact_at_once(harness, values)
     # With every worker busy, the others waited for one instead of decoding on the loop. The
     # first is verified here only if it was stored before any other began (under load its
     # encode can outlast its turn, and the others' then start first).

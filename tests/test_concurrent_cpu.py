@@ -25,7 +25,14 @@ from response_compaction._digest import digest_hex
 from response_compaction._store import open_store
 from response_compaction._store._medium import _check_reply
 from response_compaction._store._turns import cpu_turn
-from tests._store_support import TEST_KEY, canonical, compact, ref_of, store_root, temp_files
+from tests._store_support import (
+    TEST_KEY,
+    canonical,
+    compact_at_once,
+    ref_of,
+    store_root,
+    temp_files,
+)
 from tests.schemas import Exact, big_exact
 
 pytestmark = pytest.mark.anyio
@@ -140,15 +147,8 @@ async def test_many_medium_values_at_once_get_the_writers_digests(
     """Eight medium values at once: verified by workers, each receipt names its own digest."""
     await _ready_pool()
     values = [Exact(rows=big_exact(16_000).rows, total=i) for i in range(8)]  # ~960 KB each
-    receipts: dict[int, rc.Receipt] = {}
-
-    async def one(i: int) -> None:
-        receipts[i] = (await compact(harness, values[i])).receipt
-
     before = _pool.POOL.calls
-    async with anyio.create_task_group() as tg:
-        for i in range(len(values)):
-            tg.start_soon(one, i)
+    receipts = await compact_at_once(harness, values)
     assert _pool.POOL.calls > before
     for i, value in enumerate(values):
         assert receipts[i].exact_ref == ref_of(value)
