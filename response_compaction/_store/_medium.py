@@ -8,12 +8,13 @@ itself takes. A value the encoder gave whole (up to ``MEDIUM_BYTES``) goes throu
 steps in the same order, with the same checks, in one worker-thread call (:func:`_store_here`):
 hash the pieces (an entry already live under that digest, intact on disk and valid, is
 renewed instead of written again), create the temp file, write every piece (looping on short
-writes), hand its fsync to a syncer thread, read it back by name, check its keyed digest, decode it against the schema
-(GC paused), wait for the fsync, then publish it (rename, directory fsync, row). The read-back
-sees the bytes written whether or not they are on disk yet, and nothing is published before
-the fsync and the verification both ended. The syncer is started before the decode because
-msgspec holds the GIL while it decodes: a thread asked for the fsync afterwards only began
-once the decode was over, so the two ran one after the other.
+writes), hand its fsync to a syncer thread, read it back by name, check its keyed digest,
+decode it against the schema (GC paused), wait for the fsync, then publish it (rename,
+directory fsync, row). The read-back sees the bytes written whether or not they are on disk
+yet, and nothing is published before the fsync and the verification both ended. The syncer
+is started before the decode because msgspec holds the GIL while it decodes: a thread asked
+for the fsync afterwards only began once the decode was over, so the two ran one after the
+other.
 
 That is for a value stored alone on its event loop: decoding a few MB holds the GIL for a few
 milliseconds, which the caller's loop can spare, and the value a receipt hands back is that
