@@ -9,6 +9,7 @@ not started, or other loops hold every worker), so it never waits on someone els
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import anyio
@@ -59,7 +60,9 @@ def _described(schema: Any) -> str | None:
         return _encoded(schema)
     text = _SENT[schema] = _encoded(schema)
     if len(_SENT) > 256:  # schemas made on the fly must not grow it without bound
-        _SENT.pop(next(iter(_SENT)))
+        # Loops in other threads may evict at the same time: a lost race evicts nothing.
+        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+            _SENT.pop(next(iter(_SENT)))
     return text
 
 

@@ -60,6 +60,8 @@ def _hashed(path: str, size: int, schema: Any, key: bytes) -> tuple[dict[str, An
     fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
     with os.fdopen(fd, "rb", buffering=0) as file:
         data = file.read(size + 1)  # one byte more tells that the file grew
+        while len(data) <= size and (chunk := file.read(size + 1 - len(data))):
+            data += chunk  # a read may come back short (a signal, some file systems)
     if len(data) != size:
         return {"problem": "the bytes read back are not as long as those written",
                 "digest": None}, None  # fmt: skip

@@ -238,6 +238,38 @@ async def test_a_busy_index_leaves_the_verified_value_to_a_patient_publish(
     )
 
 
+@pytest.mark.slow
+async def test_a_stored_medium_value_put_again_on_a_busy_index_waits_not_raises(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """Another process holds the write lock when a stored medium value is put again: the
+    renewal's lookup finds the index busy, so the value is written afresh and waits for a
+    patient publish (it raised the index's internal busy signal before); once the lock is
+    free, the next put renews it."""
+    ws = tmp_path / "ws"
+    seed_key(ws)
+    harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+    value = big_exact(MEDIUM_ROWS)
+    await compact(harness, value)
+    command = [sys.executable, "-m", "tests._store_child", "hold", str(ws), anyio_backend]
+    async with await anyio.open_process(command, cwd=REPO) as process:
+        assert process.stdout is not None
+        assert process.stdin is not None
+        line = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 64)
+        assert line == b"locked"
+        with anyio.move_on_after(0.5) as scope:  # a deadline ends the patient wait
+            await compact(harness, value)
+        assert scope.cancelled_caught
+        assert temp_files(store_root(ws)) == []
+        await process.stdin.aclose()
+        assert await process.wait() == 0
+    again = await compact(harness, value)
+    assert again.receipt.exact_cache == "reused"
+    assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Found(
+        value=value
+    )
+
+
 @pytest.mark.parametrize("rows", [MEDIUM_ROWS, 80_000], ids=["in turn", "beside"])
 def test_a_checked_decode_reports_the_digest_before_the_schema(rows: int) -> None:
     """Digest beside the decode or not: the value when both hold, a digest or length mismatch

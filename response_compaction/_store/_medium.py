@@ -49,7 +49,7 @@ from ._oneshot import read_regular, renew_intact, write_fully
 from ._paths import Kind
 from ._stepwise import INDEX_ERRORS, Stepwise, Stored
 from ._temp import Temp, create_temp, digest_pieces, temp_name, write_temp
-from ._turns import cpu_turn, others_storing
+from ._turns import STEPS_SECONDS, cpu_turn, others_storing
 from ._verify import WORKER_VERIFY_BYTES, check_digest_of, checked_decode
 
 __all__ = ["MEDIUM_BYTES", "Medium"]
@@ -57,6 +57,8 @@ __all__ = ["MEDIUM_BYTES", "Medium"]
 #: Values up to this size are gathered whole on the loop and stored in one hop; decoding this
 #: much holds the GIL for about 5-10 ms, reading it back from the page cache far less.
 MEDIUM_BYTES = 2 << 20
+#: The loop writes a medium value into the page cache this much at a time (see _write_here).
+_WRITE_STEP = 256 << 10
 
 
 def _check_reply(reply: dict[str, Any], hex_digest: str) -> None:
@@ -130,8 +132,11 @@ def _renew_here(
     where writing them again cost a whole store (10-11 ms, more than a fresh one).
     """
     _, kind, key, row, now, max_entries = publication
-    with paused_gc():  # a young collection over the fresh tree costs more than the decode
-        put = renew_intact(root, kind, key, pieces, row, schema, now, max_entries)
+    try:
+        with paused_gc():  # a young collection over the fresh tree costs more than the decode
+            put = renew_intact(root, kind, key, pieces, row, schema, now, max_entries)
+    except IndexBusy:  # another process holds the index: written afresh, published patiently
+        return None
     if put is None:
         return None
     checked = [put.value]
@@ -140,6 +145,12 @@ def _renew_here(
         return (checked.pop(),)
     let_go(checked)  # freed beside the caller's return, not before it
     return (None,)
+
+
+def _write_steps(fd: int, steps: Sequence[memoryview]) -> None:
+    """Blocking: write every step to ``fd`` (the rest of a write the loop handed off)."""
+    for step in steps:
+        write_fully(fd, step)
 
 
 def _publish_now(root: str, publication: Publication) -> bool | None:
@@ -244,17 +255,13 @@ class Medium(Stepwise):
         decode.
         """
         tmp_path = os.path.join(self.root, "tmp")
-        began = time.perf_counter()
         temp = create_temp(tmp_path, name)
         try:
-            for piece in pieces:
-                write_fully(temp.fd, piece)
+            await self._write_here(temp, pieces)
             temp.hash_and_sync(self._key, pieces)
         except BaseException:
             temp.discard(published=False)
             raise
-        finally:
-            cpu_turn().spent += time.perf_counter() - began
         try:
             hex_digest = await self._verify_elsewhere(temp, size, schema)
         except BaseException:
@@ -263,6 +270,26 @@ class Medium(Stepwise):
             raise
         reused = await self._publish_temp(temp, item(hex_digest))
         return Stored(hex_digest=hex_digest, size=size, reused=reused)
+
+    async def _write_here(self, temp: Temp, pieces: Sequence[bytes | memoryview]) -> None:
+        """Write ``pieces`` from the loop while the page cache takes them at once.
+
+        In steps of ``_WRITE_STEP``; once writing has held the loop for half a turn (the
+        kernel throttling dirty pages, a slow file system) the rest goes to a worker thread,
+        which runs to its end whatever happens to the caller.
+        """
+        began = time.perf_counter()
+        steps = [view[at : at + _WRITE_STEP] for piece in pieces
+                 for view in (memoryview(piece).cast("B"),)
+                 for at in range(0, len(view), _WRITE_STEP)]  # fmt: skip
+        try:
+            for i, step in enumerate(steps):
+                if time.perf_counter() - began > STEPS_SECONDS / 2:
+                    await self._backend.run(_write_steps, temp.fd, steps[i:])
+                    return
+                write_fully(temp.fd, step)
+        finally:
+            cpu_turn().spent += time.perf_counter() - began
 
     async def _publish_temp(self, temp: Temp, publication: Publication) -> bool:
         """Publish the verified ``temp`` (group commit, patient), then let go of it."""

@@ -145,7 +145,7 @@ def _renew_if_intact(
     if existing.digest != row.digest or existing.size != row.size:
         return None
     try:
-        on_disk = _read_entry(dirs, kind, key)
+        on_disk = _read_entry(dirs, kind, key, row.size)  # a planted huge file: one byte more
     except OSError:
         return None  # gone, or not a regular file: write it afresh
     # Equal bytes hash to the digest computed from ``pieces``; the row's digest (the same seal
@@ -159,14 +159,16 @@ def _renew_if_intact(
 
 
 def _same_bytes(data: bytes, pieces: Sequence[bytes | memoryview]) -> bool:
-    """Whether ``data`` is ``pieces`` one after the other (compared in place, not joined)."""
-    view = memoryview(data)
+    """Whether ``data`` is ``pieces`` one after the other (compared in place, not joined).
+
+    ``startswith`` compares with memcmp: a memoryview comparison goes byte by byte (1.09
+    against 0.015 ms for 1 MiB).
+    """
     at = 0
     for piece in pieces:
-        end = at + len(piece)
-        if view[at:end] != piece:
+        if not data.startswith(piece, at):
             return False
-        at = end
+        at += memoryview(piece).nbytes  # bytes, whatever the view's format
     return at == len(data)
 
 
@@ -344,8 +346,9 @@ def read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
         data = os.read(fd, limit + 1)  # small entries: one read (no file object to build)
         # A regular file's read comes back short at its end, and the fstat said where that
         # is: no second read to learn it (a system call, 0.4 us of a 45 us small read). A
-        # file grown since the fstat is read on; one that shrank reads empty and ends it.
-        while len(data) <= limit and len(data) < st.st_size:
+        # file that shrank reads empty and ends it. A size of 0 (some FUSE file systems say
+        # so of any file) is not believed: the reads go on until one comes back empty.
+        while len(data) <= limit and (len(data) < st.st_size or not st.st_size):
             chunk = os.read(fd, limit + 1 - len(data))
             if not chunk:
                 break

@@ -33,9 +33,11 @@ def temp_name() -> str:
 class Temp:
     """A temporary file being written: its directory's fd, its own fd (until closed), name.
 
-    Its fsync runs in one of this module's syncer threads, started as soon as it is written:
-    a worker thread started later waits for the GIL while the verification decodes (msgspec
-    holds it throughout), so an fsync asked for beside the decode began after it.
+    Its fsync runs in a syncer thread, asked for as soon as it is written. Before a decode in
+    this thread (:meth:`start_sync`) the caller waits until the syncer has begun: a thread
+    started later waits for the GIL while msgspec decodes, so the fsync began after it. From
+    the loop (:meth:`hash_and_sync`) it does not wait: the syncer hashes, then fsyncs, while
+    a pool worker decodes in its own process.
     """
 
     __slots__ = ("dir_fd", "fd", "name", "synced", "written")

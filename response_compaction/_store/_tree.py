@@ -119,7 +119,11 @@ class Tree:
             fd = os.open(key[:2], _DIR_FLAGS, dir_fd=self.fds[kind])
         except OSError:
             return open_dir(key[:2], create=False, dir_fd=self.fds[kind])  # its error, mapped
-        st = os.fstat(fd)
+        try:
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         if st.st_uid != self.euid or st.st_mode & _SHARED:
             os.close(fd)
             return open_dir(key[:2], create=False, dir_fd=self.fds[kind])  # raises, or the same
