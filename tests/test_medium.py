@@ -209,48 +209,21 @@ async def test_the_exact_output_of_a_medium_value_is_the_decode_of_its_stored_by
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stored", [False, True], ids=["new", "stored before"])
 async def test_a_busy_index_leaves_the_verified_value_to_a_patient_publish(
-    tmp_path: Path, anyio_backend: str
+    tmp_path: Path, anyio_backend: str, stored: bool
 ) -> None:
     """Another process holds the write lock: the verified value waits to be published, and a
-    deadline that ends the wait removes its temp file; once the lock is free it is stored."""
+    deadline that ends the wait removes its temp file; once the lock is free it is stored. A
+    value stored before too: its renewal finds the index busy and writes afresh (it raised
+    the index's internal busy signal), and once the lock is free the next put renews it."""
     ws = tmp_path / "ws"
     seed_key(ws)
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
     await compact(harness, big_exact(1))
     value = big_exact(MEDIUM_ROWS)
-    command = [sys.executable, "-m", "tests._store_child", "hold", str(ws), anyio_backend]
-    async with await anyio.open_process(command, cwd=REPO) as process:
-        assert process.stdout is not None
-        assert process.stdin is not None
-        line = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 64)
-        assert line == b"locked"
-        with anyio.move_on_after(0.5) as scope:
-            await compact(harness, value)
-        assert scope.cancelled_caught
-        assert temp_files(store_root(ws)) == []
-        await process.stdin.aclose()
-        assert await process.wait() == 0
-    assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Missing()
-    await compact(harness, value)
-    assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Found(
-        value=value
-    )
-
-
-@pytest.mark.slow
-async def test_a_stored_medium_value_put_again_on_a_busy_index_waits_not_raises(
-    tmp_path: Path, anyio_backend: str
-) -> None:
-    """Another process holds the write lock when a stored medium value is put again: the
-    renewal's lookup finds the index busy, so the value is written afresh and waits for a
-    patient publish (it raised the index's internal busy signal before); once the lock is
-    free, the next put renews it."""
-    ws = tmp_path / "ws"
-    seed_key(ws)
-    harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
-    value = big_exact(MEDIUM_ROWS)
-    await compact(harness, value)
+    if stored:
+        await compact(harness, value)
     command = [sys.executable, "-m", "tests._store_child", "hold", str(ws), anyio_backend]
     async with await anyio.open_process(command, cwd=REPO) as process:
         assert process.stdout is not None
@@ -263,8 +236,10 @@ async def test_a_stored_medium_value_put_again_on_a_busy_index_waits_not_raises(
         assert temp_files(store_root(ws)) == []
         await process.stdin.aclose()
         assert await process.wait() == 0
+    before = rc.Found(value=value) if stored else rc.Missing()
+    assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == before
     again = await compact(harness, value)
-    assert again.receipt.exact_cache == "reused"
+    assert again.receipt.exact_cache == ("reused" if stored else "stored")
     assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Found(
         value=value
     )
