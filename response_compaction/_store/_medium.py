@@ -58,7 +58,7 @@ __all__ = ["MEDIUM_BYTES", "Medium"]
 #: much holds the GIL for about 5-10 ms, reading it back from the page cache far less.
 MEDIUM_BYTES = 2 << 20
 #: The loop writes a medium value into the page cache this much at a time (see _write_here).
-_WRITE_STEP = 256 << 10
+_WRITE_STEP = 1 << 20
 
 
 def _check_reply(reply: dict[str, Any], hex_digest: str) -> None:
