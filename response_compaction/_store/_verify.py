@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import os
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ import anyio.lowlevel
 
 from .. import _pool, _verifiers
 from .._canonical import Span, decode_exact
-from .._digest import digest_hex, matches, new_hasher
+from .._digest import digest_hex, matches
 from .._perf import paused_gc
 from .._slices import Sign, decode_sliced, open_layout, seal_layout
 from ._aside import Aside, begun
@@ -100,12 +101,7 @@ def check_digest_of(found_hex: str, hex_digest: str) -> None:
 
 
 def _hash_beside(key: bytes, data: bytes) -> Aside[str]:
-    def digest() -> str:
-        hasher = new_hasher(key)
-        hasher.update(data)
-        return hasher.hexdigest()
-
-    return begun("digest", digest)
+    return begun("digest", functools.partial(digest_hex, key, data))
 
 
 def seal(secret: bytes, kind: Kind, key: str, content_hex: str) -> str:
