@@ -105,12 +105,15 @@ def _store_here(
         checked = [_verify_temp(temp, hex_digest, size, schema, key, synced=False)]
         value = checked.pop() if want_value else None
         # Freeing a decoded tree holds the GIL for a fifth of its decode: here while the
-        # fsync still runs, else in a helper beside the publish's disk waits.
-        if checked and temp.synced_already():
-            let_go(checked)
-        checked.clear()
+        # fsync still runs, else in a helper once published. A helper freeing beside the
+        # publish held the GIL whenever the publish came back from a disk wait (1 MB of
+        # short strings: publish 1.7 ms instead of 0.8).
+        if checked and not temp.synced_already():
+            checked.clear()
         temp.wait_synced()
         reused = _publish_now(root, item(hex_digest))
+        if checked:
+            let_go(checked)
         if reused is None:
             return _Done(temp, hex_digest, value, None)
     except BaseException:
