@@ -25,7 +25,13 @@ import msgspec
 from ._encoding import ENCODER, RefusedError, encode_checked
 from ._messages import content_free
 from ._pydantic import is_pydantic_schema, pydantic_decode, pydantic_exact_value, pydantic_plain
-from ._refusals import duplicate_key_path, first_problem, keys_may_merge, merged_key_path
+from ._refusals import (
+    duplicate_key_path,
+    first_problem,
+    keys_may_merge,
+    merged_key_path,
+    null_refused,
+)
 
 __all__ = [
     "PIECE_BYTES",
@@ -36,6 +42,8 @@ __all__ = [
     "duplicate_keys_message",
     "iter_canonical",
     "merged_keys_message",
+    "nulls_left_to_schema",
+    "refused",
     "to_exact_value",
 ]
 
@@ -168,7 +176,11 @@ def canonical_bytes(value: Any) -> bytes:
 
 
 def iter_canonical(
-    value: Any, piece_bytes: int = PIECE_BYTES, layout: list[Span] | None = None
+    value: Any,
+    piece_bytes: int = PIECE_BYTES,
+    layout: list[Span] | None = None,
+    *,
+    scan_nulls: bool = True,
 ) -> Iterator[bytes | memoryview]:
     """Yield the canonical encoding of ``value`` in pieces of roughly ``piece_bytes``.
 
@@ -178,9 +190,28 @@ def iter_canonical(
     limit: each would store a value other than the one handed in. When ``layout``
     is a list, a :class:`Span` is appended for each array streamed in slices at the top level
     or as a field of a top-level struct, so a reader can decode it slice by slice.
+    ``scan_nulls=False`` (see :func:`nulls_left_to_schema`) does not look for NaN or
+    infinities: they are written as ``null``, which the caller's validation refuses.
     """
     value = pydantic_plain(value)
-    return _guarded(value, _Stream(piece_bytes, layout).value(value, top=True))
+    return _guarded(value, _Stream(piece_bytes, layout, scan_nulls).value(value, top=True))
+
+
+def nulls_left_to_schema(value: Any, schema: Any) -> bool:
+    """Whether validating ``value``'s canonical JSON against ``schema`` refuses any ``null``.
+
+    Then a NaN or infinity, which msgspec writes as ``null``, cannot pass the read-back's
+    validation and the encoder need not scan for it (``_refusals.null_refused``). A struct
+    instance must be of the schema's own type: a subclass's extra fields are skipped.
+    """
+    if is_pydantic_schema(schema) or not null_refused(schema):
+        return False
+    return not isinstance(value, msgspec.Struct) or type(value) is schema
+
+
+def refused(problem: str) -> ValueError:
+    """The error for a value canonical JSON would change (``problem``: what, and where)."""
+    return ValueError(f"exact_response contains {problem}, which canonical JSON refuses")
 
 
 def _guarded(value: Any, pieces: Iterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
@@ -188,10 +219,7 @@ def _guarded(value: Any, pieces: Iterator[bytes | memoryview]) -> Iterator[bytes
         yield from pieces
     except RefusedError as exc:
         # Pieces are encoded apart, so a piece's path is relative: name it from the top.
-        problem = first_problem(value) or exc.problem
-        raise ValueError(
-            f"exact_response contains {problem}, which canonical JSON refuses"
-        ) from None
+        raise refused(first_problem(value) or exc.problem) from None
     except RecursionError:
         # Values nested about a thousand levels deep exceed msgspec's (and this module's)
         # recursion: a clear ValueError, not a RecursionError from deep inside the encoder.
@@ -201,10 +229,11 @@ def _guarded(value: Any, pieces: Iterator[bytes | memoryview]) -> Iterator[bytes
 class _Stream:
     """One encoding in progress: ``pos`` counts the bytes yielded so far."""
 
-    def __init__(self, piece_bytes: int, spans: list[Span] | None) -> None:
+    def __init__(self, piece_bytes: int, spans: list[Span] | None, scan_nulls: bool) -> None:
         self.piece_bytes = piece_bytes
         self.spans = spans
         self.pos = 0
+        self.encode = functools.partial(encode_checked, scan_nulls=scan_nulls)
 
     def emit(self, piece: bytes | memoryview) -> bytes | memoryview:
         self.pos += len(piece)
@@ -221,7 +250,7 @@ class _Stream:
         elif isinstance(value, msgspec.Struct) and not value.__struct_config__.omit_defaults:
             yield from self.struct(value, top=top)
         else:
-            yield self.emit(encode_checked(value))
+            yield self.emit(self.encode(value))
 
     def sequence(
         self, seq: list[Any] | tuple[Any, ...], record: bool, field: str | None
@@ -248,7 +277,7 @@ class _Stream:
                 start += 1
                 continue
             chunk = seq[start : start + step]
-            body = encode_checked(chunk)
+            body = self.encode(chunk)
             began = self.pos
             yield self.emit(memoryview(body)[1:-1])
             slices.append((began, self.pos))
@@ -265,7 +294,7 @@ class _Stream:
         # msgspec sorts str keys by code point, which is what sorted() does, so sorted slices
         # concatenate into the same order a whole encoding uses.
         if not _str_keys(mapping):  # sorted as msgspec writes them, which sorted() is not
-            yield self.emit(encode_checked(mapping))
+            yield self.emit(self.encode(mapping))
             return
         # Whole up to the same size as an array: building a dict per slice cost more than
         # encoding the dict (10.9 against 3.3 ms for 62k keys, a third of a 10 MB value's
@@ -289,13 +318,13 @@ class _Stream:
                 yield self.emit(b",")
             if step == 1 and _is_container(mapping[keys[start]]):
                 record = False  # one member alone is too big for a piece: no slice holds it
-                yield self.emit(encode_checked(keys[start]))
+                yield self.emit(self.encode(keys[start]))
                 yield self.emit(b":")
                 yield from self.value(mapping[keys[start]])
                 start += 1
                 continue
             chunk_keys = keys[start : start + step]
-            body = encode_checked({k: mapping[k] for k in chunk_keys})
+            body = self.encode({k: mapping[k] for k in chunk_keys})
             began = self.pos
             yield self.emit(memoryview(body)[1:-1])
             slices.append((began, self.pos))
@@ -334,7 +363,7 @@ class _Stream:
             return None
         if sampled * count > _WHOLE_PIECES * piece_bytes * _SAMPLE_ITEMS:
             return None
-        return encode_checked(items)
+        return self.encode(items)
 
     def struct(self, value: msgspec.Struct, *, top: bool) -> Iterator[bytes | memoryview]:
         names = [
@@ -344,14 +373,14 @@ class _Stream:
             and not isinstance(getattr(value, name), msgspec.Raw)
         ]
         if not names:
-            yield self.emit(encode_checked(value))
+            yield self.emit(self.encode(value))
             return
         placeholders = {name: msgspec.Raw(b"\x00%d\x00" % i) for i, name in enumerate(names)}
-        skeleton = encode_checked(msgspec.structs.replace(value, **placeholders))
+        skeleton = self.encode(msgspec.structs.replace(value, **placeholders))
         parts = _HOLE.split(skeleton)
         # split() alternates text and captured hole numbers: text, n, text, n, ..., text.
         if len(parts) != 2 * len(names) + 1:
-            yield self.emit(encode_checked(value))
+            yield self.emit(self.encode(value))
             return
         encoded_names = dict(
             zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)

@@ -11,9 +11,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeVar, overload
 
 import anyio.lowlevel
+import anyio.to_thread
 from msgspec import UNSET, UnsetType
 
-from ._canonical import Span, iter_canonical
+from ._canonical import Span, iter_canonical, nulls_left_to_schema, refused
 from ._convert import convert_exact, release
 from ._digest import DIGEST_PREFIX
 from ._harness import HarnessLike
@@ -34,6 +35,7 @@ from ._models import (
 from ._options import resolve_options
 from ._prompt import Head
 from ._refs import MalformedRefError, exact_ref_for, parse_exact_ref
+from ._refusals import first_problem
 from ._schema import strict_json_schema
 from ._store import Store, Stored, open_store
 from ._store._turns import cpu_turn, next_turn
@@ -167,17 +169,31 @@ async def _store_exact(
     head: Head,
     layout: list[Span],
 ) -> Stored:
-    """Write the canonical bytes (the head keeping what the model may be shown)."""
-    return await store.put(
-        "exact",
-        head.watch(iter_canonical(value, layout=layout)),
-        key=None,
-        schema=schema,
-        ttl_seconds=opts.ttl_seconds,
-        max_entries=opts.max_entries,
-        want_value_up_to=opts.summarize_above_bytes,
-        layout=layout,
-    )
+    """Write the canonical bytes (the head keeping what the model may be shown).
+
+    Against a schema that refuses ``null`` everywhere, a NaN is not looked for while
+    encoding: it is written as ``null`` and the read-back refuses it (nothing published);
+    only then is the value walked, to name what it holds as the encoder would have.
+    """
+    scan_nulls = not nulls_left_to_schema(value, schema)
+    try:
+        return await store.put(
+            "exact",
+            head.watch(iter_canonical(value, layout=layout, scan_nulls=scan_nulls)),
+            key=None,
+            schema=schema,
+            ttl_seconds=opts.ttl_seconds,
+            max_entries=opts.max_entries,
+            want_value_up_to=opts.summarize_above_bytes,
+            layout=layout,
+        )
+    except ValueError:
+        if scan_nulls:
+            raise
+        problem = await anyio.to_thread.run_sync(first_problem, value)
+        if problem is None:
+            raise
+        raise refused(problem) from None
 
 
 class _ExactFacts:

@@ -36,8 +36,12 @@ class RefusedError(ValueError):
         self.problem = problem
 
 
-def encode_checked(value: Any) -> bytes:
-    """``value``'s canonical JSON; :class:`RefusedError` if it would not be ``value``."""
+def encode_checked(value: Any, *, scan_nulls: bool = True) -> bytes:
+    """``value``'s canonical JSON; :class:`RefusedError` if it would not be ``value``.
+
+    ``scan_nulls=False`` leaves a NaN or infinity written as ``null`` to the caller, whose
+    schema refuses ``null`` wherever it appears (``_refusals.null_refused``).
+    """
     try:
         data = ENCODER.encode(value)
     except TypeError:
@@ -45,7 +49,7 @@ def encode_checked(value: Any) -> bytes:
     except UnicodeEncodeError:
         _refuse(value)  # names the path of the string that could not be encoded
         raise  # a str-like object the walk cannot see into: still a ValueError
-    if _NULL.search(data) is not None:
+    if scan_nulls and _NULL.search(data) is not None:
         _refuse_non_finite(value)
     return data
 

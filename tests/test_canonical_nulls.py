@@ -1,0 +1,154 @@
+"""A schema that refuses null everywhere lets the encoder skip its NaN scan, never the refusal."""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any, Literal, Optional
+
+import msgspec
+import pytest
+
+import response_compaction as rc
+from response_compaction._canonical import iter_canonical, nulls_left_to_schema
+from response_compaction._refusals import null_refused
+from tests._store_support import entry_files, index_rows, store_root, temp_files
+from tests.schemas import FALLBACK, Summary
+
+pytestmark = pytest.mark.anyio
+
+OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
+
+
+class Floats(msgspec.Struct, frozen=True):
+    name: str
+    values: list[float]
+    labels: dict[str, str]
+
+
+class Closed(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    x: float
+
+
+class Open(msgspec.Struct, frozen=True):
+    x: float
+
+
+class OpenWithExtra(Open, frozen=True):
+    extra: float
+
+
+class ClosedWithExtra(Closed, frozen=True):
+    extra: float
+
+
+class HoldsClosed(msgspec.Struct, frozen=True):
+    items: list[Closed]
+
+
+class HoldsOpen(msgspec.Struct, frozen=True):
+    items: list[Open]
+
+
+class Pair(msgspec.Struct, frozen=True, array_like=True):
+    a: int
+
+
+class Tree(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    n: int
+    kids: list[Tree]
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+_SCHEMAS: list[tuple[str, Any, bool]] = [
+    ("strings and floats", Floats, True),
+    ("list of str", list[str], True),
+    ("dict of float", dict[str, float], True),
+    ("tuple of floats", tuple[float, float], True),
+    ("union without None", int | str, True),
+    ("literal", Literal["a", 1], True),
+    ("enum", Colour, True),
+    ("recursive closed struct", Tree, True),
+    ("closed struct below the top", list[Closed], True),
+    ("holder of closed structs", HoldsClosed, True),
+    ("optional", Optional[str], False),  # noqa: UP045 - the spelling users write
+    ("None in a union", int | None, False),
+    ("literal None", Literal["a", None], False),
+    ("Any", Any, False),
+    ("Raw", msgspec.Raw, False),
+    ("open struct below the top", list[Open], False),
+    ("holder of open structs", HoldsOpen, False),
+    ("array-like struct", Pair, False),
+    ("object", object, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"), [c[1:] for c in _SCHEMAS], ids=[c[0] for c in _SCHEMAS]
+)
+def test_which_schemas_refuse_null_everywhere(schema: Any, expected: bool) -> None:
+    """Only a schema where no position takes null and nothing is skipped answers True."""
+    assert null_refused(schema) is expected
+
+
+def test_a_subclass_instance_is_not_left_to_its_schema() -> None:
+    """The top-level value must be of the schema's own type: a subclass's extra fields skip."""
+    assert nulls_left_to_schema(Open(x=1.0), Open)
+    assert not nulls_left_to_schema(OpenWithExtra(x=1.0, extra=2.0), Open)
+    assert not nulls_left_to_schema(Open(x=1.0), Optional[Open])  # noqa: UP045
+
+
+def test_without_the_scan_a_nan_is_written_as_null() -> None:
+    """What the switch changes: the encoder no longer refuses, the schema must."""
+    value = Floats(name="n", values=[1.0, math.nan], labels={})
+    assert b"null" in b"".join(iter_canonical(value, scan_nulls=False))
+    with pytest.raises(ValueError, match=r"NaN or infinity at `\$\.values\[1\]`"):
+        b"".join(iter_canonical(value))
+
+
+def _floats(count: int, bad_at: int, bad: float) -> Floats:
+    values = [i / 7 for i in range(count)]
+    values[bad_at] = bad
+    return Floats(name="f", values=values, labels={f"k{i}": "v" for i in range(count // 10)})
+
+
+@pytest.mark.parametrize(
+    ("count", "bad_at", "bad"),
+    [(3, 1, math.nan), (120_000, 99_999, math.inf), (120_000, 7, -math.inf)],
+    ids=["small", "medium inf", "medium -inf"],
+)
+async def test_nan_under_a_null_refusing_schema_is_refused_by_name(
+    harness: rc.Harness, count: int, bad_at: int, bad: float
+) -> None:
+    """The read-back refuses the null and the error names the NaN's path; nothing is kept."""
+    with pytest.raises(ValueError, match=rf"NaN or infinity at `\$\.values\[{bad_at}\]`"):
+        await rc.response_compact(harness, _floats(count, bad_at, bad), Floats, Summary, OPTIONS)
+    root = store_root(harness.fs)
+    assert entry_files(root) == set()
+    assert temp_files(root) == []
+    assert index_rows(root) == set()
+
+
+@pytest.mark.parametrize(
+    ("value", "schema"),
+    [
+        (OpenWithExtra(x=1.0, extra=math.nan), Open),
+        (HoldsClosed(items=[ClosedWithExtra(x=1.0, extra=math.nan)]), HoldsClosed),
+        (HoldsOpen(items=[OpenWithExtra(x=1.0, extra=math.nan)]), HoldsOpen),
+    ],
+    ids=["top-level subclass", "closed subclass below", "open subclass below"],
+)
+async def test_a_nan_in_fields_a_schema_would_skip_is_refused(
+    harness: rc.Harness, value: Any, schema: Any
+) -> None:
+    """A NaN in a field the decoder ignores is still refused, never stored as null.
+
+    A struct instance is taken as it is, so a subclass may sit where its base is expected.
+    """
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        await rc.response_compact(harness, value, schema, Summary, OPTIONS)
+    assert entry_files(store_root(harness.fs)) == set()
