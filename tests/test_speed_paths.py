@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -49,6 +50,73 @@ async def test_an_intact_live_entry_is_renewed_not_rewritten(
     clock.advance(60)  # past the first expiry, before the renewed one
     found = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
     assert found == rc.Found(value=value)
+
+
+class FsyncLog:
+    """Replaces ``os.fsync``: records (device, inode) of what it synced; may hold a directory's."""
+
+    def __init__(self, hold_dir_of: Path | None = None) -> None:
+        self.synced: list[tuple[int, int]] = []
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self._hold = None if hold_dir_of is None else _identity(hold_dir_of)
+        self._real = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        self._real(fd)
+        st = os.fstat(fd)
+        self.synced.append((st.st_dev, st.st_ino))
+        if (st.st_dev, st.st_ino) == self._hold and not self.held.is_set():
+            self.held.set()
+            self.release.wait(10)
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+@SIZES
+async def test_a_renewal_of_another_writers_entry_syncs_its_directory(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch, value: Exact, marker: bytes
+) -> None:
+    """A reuse vouches for a name on disk: its writer may still be inside that fsync."""
+    await compact(harness, value)
+    root = store_root(harness.fs)
+    with sqlite3.connect(root / "index.sqlite3") as other:  # as another process's writer
+        other.execute("UPDATE entries SET writer = 'another process'")
+    log = FsyncLog()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", log)
+        again = await compact(harness, value)
+    assert again.receipt.exact_cache == "reused"
+    assert _identity(entry_path(root, hex_of(value)).parent) in log.synced
+
+
+async def test_a_renewal_beside_a_publish_in_flight_syncs_its_directory(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This process's own entry is vouched for without a sync only when no publish is between
+    its rename and its directory's fsync (whichever entry that publish names)."""
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    other = Exact(rows=[Row(id=2, name="beta")], total=1)
+    log = FsyncLog(hold_dir_of=entry_path(root, hex_of(other)).parent)
+    (entry_path(root, hex_of(other)).parent).mkdir(parents=True, exist_ok=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", log)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(compact, harness, other)
+            await anyio.to_thread.run_sync(log.held.wait, 10)
+            synced_before = len(log.synced)
+            again = await compact(harness, A)
+            renewal_synced = log.synced[synced_before:]
+            log.release.set()
+        log.synced.clear()
+        alone = await compact(harness, A)  # none in flight: its own entry needs no sync
+    assert again.receipt.exact_cache == alone.receipt.exact_cache == "reused"
+    assert _identity(entry_path(root, hex_of(A)).parent) in renewal_synced
+    assert _identity(entry_path(root, hex_of(A)).parent) not in log.synced
 
 
 @SIZES

@@ -6,15 +6,20 @@ one-hop paths of ``_oneshot``.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from ._aside import Aside, fsync
+from ._clocks import writer_id
 from ._index import Index, Row, Transaction
 from ._paths import KINDS, Kind
 from ._tree import Dirs
 
 __all__ = [
     "Publication",
+    "names_on_disk",
     "prune_all",
     "publish",
     "publish_all",
@@ -25,6 +30,31 @@ __all__ = [
 #: Expired rows deleted per commit, so one write never pays for a long-idle store's backlog.
 EXPIRED_PER_COMMIT = 64
 
+# Publishes of this process between their rename and their directory's fsync (see renew).
+_naming = [0]
+_naming_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _naming_entries() -> Iterator[None]:
+    with _naming_lock:
+        _naming[0] += 1
+    try:
+        yield
+    finally:
+        with _naming_lock:
+            _naming[0] -= 1
+
+
+def names_on_disk(row: Row) -> bool:
+    """Whether ``row``'s entry name is known to be fsynced in its directory already.
+
+    True when this process's writer stored or renewed it last (``row.writer``, read back
+    after it was visible) and none of its publishes is still between a rename and that
+    directory's fsync: each of them ended with the fsync, or vouched for it (:func:`renew`).
+    """
+    return row.writer == writer_id() and _naming[0] == 0
+
 
 def publish(
     index: Index, temp_name: str, kind: Kind, key: str, row: Row, now: float, max_entries: int
@@ -33,13 +63,14 @@ def publish(
 
     The fan-out directory is fsynced in a helper beside the COMMIT (the index's own fsync);
     both have returned when this does, and a failure of either is raised. A row made durable
-    before its directory entry is harmless: nobody is handed a receipt until both are, and a
-    row whose file is absent reads Missing (and is written afresh by the next put of its
-    value). Evicted rows are deleted before the rename and their files unlinked after it, so
-    a failed rename rolls every row back. Returns whether ``key`` was live before.
+    before its directory entry is harmless: nobody is handed a receipt until both are (a
+    renewal from another writer syncs the directory itself), and a row whose file is absent
+    reads Missing (and is written afresh by the next put of its value). Evicted rows are
+    deleted before the rename and their files unlinked after it, so a failed rename rolls
+    every row back. Returns whether ``key`` was live before.
     """
     dir_sync: Aside[None] | None = None
-    with Dirs(index.root) as dirs:
+    with Dirs(index.root) as dirs, _naming_entries():
         try:
             fan_fd = dirs.fanout(kind, key)  # made now if missing
             with index.transaction() as tx:
@@ -80,7 +111,7 @@ def publish_all(index: Index, items: list[Publication]) -> list[bool | OSError]:
     results: list[bool | OSError] = []
     renamed: set[int] = set()
     syncs: list[Aside[None]] = []
-    with Dirs(index.root) as dirs:
+    with Dirs(index.root) as dirs, _naming_entries():
         try:
             with index.transaction() as tx:
                 for item in items:
@@ -120,9 +151,11 @@ def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries:
     False (nothing changed) when the row no longer holds that digest or expired meanwhile:
     another process evicted or replaced it after we read it, and the caller writes afresh.
 
-    Not synced (``durable=False``): the bytes were fsynced, renamed, fsynced in their
-    directory and recorded by a durable commit when they were stored, and a WAL commit that
-    was visible to our lookup was already synced. A crash can only lose this transaction as a
+    Not synced (``durable=False``): the bytes were fsynced before their rename, and a WAL
+    commit that was visible to our lookup was already synced; the rename's directory fsync
+    may still be running beside that commit, so the caller syncs the directory itself
+    before it hands out a receipt (unless :func:`names_on_disk`). A crash can only lose
+    this transaction as a
     whole: the later expiry and the use (the entry keeps the expiry it had before this call,
     still verified on every read: a shorter TTL, never a wrong or torn value), and any
     eviction it made (a row whose file is gone reads Missing, as after a crash between unlink

@@ -21,7 +21,7 @@ _BEYOND_BOUND = (
 )
 #: Bound as (kind, key, now, writer id): numbered, so a tuple binds it (see attested_sql).
 LOOKUP = (
-    f"SELECT digest, size, expires_at, layout, {attested_sql('?3', '?4')}"  # noqa: S608
+    f"SELECT digest, size, expires_at, layout, {attested_sql('?3', '?4')}, writer"  # noqa: S608
     " FROM entries WHERE kind = ?1 AND key = ?2"
 )
 _ATTESTED = f"SELECT {ATTESTED_SQL}"
@@ -48,6 +48,8 @@ class Row(NamedTuple):
     layout: bytes | None
     #: The attested time (see ``_clocks``) when this row was read; 0 when not read back.
     attested: float = 0.0
+    #: The writer that last stored or renewed it, when read back.
+    writer: str | None = None
 
 
 class Entry(NamedTuple):
