@@ -25,13 +25,7 @@ import msgspec
 from ._encoding import ENCODER, RefusedError, encode_checked
 from ._messages import content_free
 from ._pydantic import is_pydantic_schema, pydantic_decode, pydantic_exact_value, pydantic_plain
-from ._refusals import (
-    duplicate_key_path,
-    first_problem,
-    keys_may_merge,
-    merged_key_path,
-    null_refused,
-)
+from ._refusals import duplicate_key_path, first_problem, keys_may_merge, merged_key_path, refused
 
 __all__ = [
     "PIECE_BYTES",
@@ -42,8 +36,6 @@ __all__ = [
     "duplicate_keys_message",
     "iter_canonical",
     "merged_keys_message",
-    "nulls_left_to_schema",
-    "refused",
     "to_exact_value",
 ]
 
@@ -190,28 +182,11 @@ def iter_canonical(
     limit: each would store a value other than the one handed in. When ``layout``
     is a list, a :class:`Span` is appended for each array streamed in slices at the top level
     or as a field of a top-level struct, so a reader can decode it slice by slice.
-    ``scan_nulls=False`` (see :func:`nulls_left_to_schema`) does not look for NaN or
-    infinities: they are written as ``null``, which the caller's validation refuses.
+    ``scan_nulls=False``: NaN and infinities are written as ``null`` for the caller's schema
+    to refuse (``_refusals.nulls_left_to_schema``).
     """
     value = pydantic_plain(value)
     return _guarded(value, _Stream(piece_bytes, layout, scan_nulls).value(value, top=True))
-
-
-def nulls_left_to_schema(value: Any, schema: Any) -> bool:
-    """Whether validating ``value``'s canonical JSON against ``schema`` refuses any ``null``.
-
-    Then a NaN or infinity, which msgspec writes as ``null``, cannot pass the read-back's
-    validation and the encoder need not scan for it (``_refusals.null_refused``). A struct
-    instance must be of the schema's own type: a subclass's extra fields are skipped.
-    """
-    if is_pydantic_schema(schema) or not null_refused(schema):
-        return False
-    return not isinstance(value, msgspec.Struct) or type(value) is schema
-
-
-def refused(problem: str) -> ValueError:
-    """The error for a value canonical JSON would change (``problem``: what, and where)."""
-    return ValueError(f"exact_response contains {problem}, which canonical JSON refuses")
 
 
 def _guarded(value: Any, pieces: Iterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:

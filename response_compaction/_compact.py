@@ -14,7 +14,7 @@ import anyio.lowlevel
 import anyio.to_thread
 from msgspec import UNSET, UnsetType
 
-from ._canonical import Span, iter_canonical, nulls_left_to_schema, refused
+from ._canonical import Span, iter_canonical
 from ._convert import convert_exact, release
 from ._digest import DIGEST_PREFIX
 from ._harness import HarnessLike
@@ -35,7 +35,7 @@ from ._models import (
 from ._options import resolve_options
 from ._prompt import Head
 from ._refs import MalformedRefError, exact_ref_for, parse_exact_ref
-from ._refusals import first_problem
+from ._refusals import first_problem, nulls_left_to_schema, refused
 from ._schema import strict_json_schema
 from ._store import Store, Stored, open_store
 from ._store._turns import cpu_turn, next_turn

@@ -20,12 +20,16 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
+from ._pydantic import is_pydantic_schema
+
 __all__ = [
     "duplicate_key_path",
     "first_problem",
     "keys_may_merge",
     "merged_key_path",
     "null_refused",
+    "nulls_left_to_schema",
+    "refused",
 ]
 
 _SCALARS = (bool, int, bytes, bytearray, memoryview, msgspec.Raw, type(None))
@@ -268,3 +272,20 @@ def merged_key_path(typed: Any, untyped: Any) -> str | None:
                 (v, p, f"{path}[{i}]") for i, (v, p) in enumerate(zip(value, plain, strict=False))
             )
     return None
+
+
+def nulls_left_to_schema(value: Any, schema: Any) -> bool:
+    """Whether validating ``value``'s canonical JSON against ``schema`` refuses any ``null``.
+
+    Then a NaN or infinity, which msgspec writes as ``null``, cannot pass the read-back's
+    validation and the encoder need not scan for it (``_refusals.null_refused``). A struct
+    instance must be of the schema's own type: a subclass's extra fields are skipped.
+    """
+    if is_pydantic_schema(schema) or not null_refused(schema):
+        return False
+    return not isinstance(value, msgspec.Struct) or type(value) is schema
+
+
+def refused(problem: str) -> ValueError:
+    """The error for a value canonical JSON would change (``problem``: what, and where)."""
+    return ValueError(f"exact_response contains {problem}, which canonical JSON refuses")

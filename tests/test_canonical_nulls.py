@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 import response_compaction as rc
-from response_compaction._canonical import iter_canonical, nulls_left_to_schema
-from response_compaction._refusals import null_refused
+from response_compaction._canonical import iter_canonical
+from response_compaction._refusals import null_refused, nulls_left_to_schema
 from tests._store_support import entry_files, index_rows, store_root, temp_files
 from tests.schemas import FALLBACK, Summary
 

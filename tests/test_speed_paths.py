@@ -7,6 +7,7 @@ import shutil
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -16,6 +17,7 @@ import response_compaction as rc
 from response_compaction import _pool
 from response_compaction._store import _index
 from response_compaction._store._oneshot import read_regular
+from response_compaction._store._reads import DECODE_BESIDE_BYTES
 from tests._store_support import compact, entry_path, hex_of, ref_of, store_root
 from tests.conftest import FakeClock
 from tests.schemas import Exact, Row, Summary, big_exact
@@ -117,6 +119,34 @@ async def test_a_renewal_beside_a_publish_in_flight_syncs_its_directory(
     assert again.receipt.exact_cache == alone.receipt.exact_cache == "reused"
     assert _identity(entry_path(root, hex_of(A)).parent) in renewal_synced
     assert _identity(entry_path(root, hex_of(A)).parent) not in log.synced
+
+
+LARGE_TAMPERS = {
+    "a digit changed": lambda data, other: data.replace(b'"id":1,', b'"id":7,', 1),
+    "spaces": lambda data, other: data.replace(b",", b", ", 3),
+    "another entry's bytes": lambda data, other: other,
+    "truncated": lambda data, other: data[: len(data) // 2],
+}
+
+
+@pytest.mark.parametrize("tamper", list(LARGE_TAMPERS.values()), ids=list(LARGE_TAMPERS))
+async def test_an_entry_decoded_beside_its_hash_reads_broken_when_tampered(
+    harness: rc.Harness, tamper: Any
+) -> None:
+    """The digest check that runs beside a medium read's decode decides: a value that decodes
+    from tampered bytes is never Found, and the digest's verdict wins over the decode's."""
+    value, other = big_exact(8_000), big_exact(8_001)
+    await compact(harness, value)
+    await compact(harness, other)
+    root = store_root(harness.fs)
+    path = entry_path(root, hex_of(value))
+    assert path.stat().st_size >= DECODE_BESIDE_BYTES
+    path.write_bytes(tamper(path.read_bytes(), entry_path(root, hex_of(other)).read_bytes()))
+    found = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
+    assert isinstance(found, rc.Broken)
+    assert "do not hash to the reference" in found.detail
+    found = await rc.response_compaction_read_exact(harness, ref_of(other), Exact)
+    assert found == rc.Found(value=other)
 
 
 @SIZES

@@ -25,7 +25,8 @@ directories held open and re-checked per call), ``_index`` (the connection
 registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
 safely), ``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store's digest and
 sealing key), ``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop
-file seam), ``_aside`` (work beside an fsync, in a helper thread). This module puts them
+file seam), ``_aside`` (work beside an fsync, in a helper thread), ``_oneshot`` and
+``_medium`` (a put in one hop), ``_reads`` (a get in one step). This module puts them
 together; nothing below it imports it.
 """
 
@@ -53,7 +54,7 @@ from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
 from ._key import KEY_NAME, load_key, read_key
 from ._medium import MEDIUM_BYTES, Medium
-from ._oneshot import NOT_INLINE, SMALL_BYTES, put_small, read_checked, read_inline
+from ._oneshot import SMALL_BYTES, put_small
 from ._paths import (
     KINDS,
     PROCESS,
@@ -63,6 +64,7 @@ from ._paths import (
     prepare_root,
     sweep_temps,
 )
+from ._reads import NOT_INLINE, read_checked, read_inline
 from ._stepwise import Stored
 from ._turns import STEPS_SECONDS, cpu_turn, pace, storing
 from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_value
@@ -276,15 +278,21 @@ class Store(Medium):
                 raise
         if got is NOT_INLINE:
             with map_errors(f"could not read the {kind} entry"):
-                got = await self._patiently(read_checked, self.root, kind, key, now, self._key)
+                got = await self._patiently(
+                    read_checked, self.root, kind, key, now, self._key, schema
+                )
         else:
             await pace()  # also the cancellation point: the read had no lasting effect
         if got is None:
             return Missing()
         if isinstance(got, str):
             return Broken(detail=got)
-        row, data = got
+        row, data, decoded = got
         try:
+            if isinstance(decoded, ValueError):
+                raise decoded
+            if decoded is not None:
+                return Found(value=decoded[0])
             if len(data) < GC_PAUSE_BYTES:  # small: no slices, no turn to take
                 return Found(value=decode_exact(data, schema))
             value = await decoded_value(data, schema, decode_layout(row.layout))

@@ -1,4 +1,4 @@
-"""Small values in one worker-thread hop: every blocking step of a put or a get in one call.
+"""Small values in one worker-thread hop: every blocking step of a put in one call.
 
 A hop to a worker thread costs about 50 us; the streaming algorithm of ``Store.put`` takes a
 dozen of them (open, write, fsync, close, open, read, close, hash, index, publish...), which
@@ -9,7 +9,7 @@ COMMIT) inside one blocking call. What does not wait on a disk runs beside the w
 helper thread (``_aside``): the read-back checks beside the file's fsync, the directory's
 fsync beside the COMMIT. The index's write lock is taken only after the file's fsync (held
 through it, every other writer of the store waited for this disk). The file's fsync still
-ends before its rename, and every fsync before the call returns.
+ends before its rename, and every fsync before the call returns. (Reads: ``_reads``.)
 
 Only the library's own file backends take this path; an injected backend (the tests' fault
 seam) gets the streaming algorithm, call by call.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sqlite3
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -28,27 +27,23 @@ from .._errors import UnsafeStoreError, map_errors
 from . import _index
 from ._aside import Aside, fsync
 from ._commit import names_on_disk, publish, renew
-from ._index import CorruptRowError, Index, IndexBusy, Row
+from ._index import CorruptRowError, Index, Row
 from ._paths import (
     FILE_FLAGS,
     Kind,
-    NotRegularFileError,
     open_regular,
     unlink_quietly,
     valid_name,
 )
-from ._tree import Tree, release_now, tree, tree_now
-from ._verify import check_digest, check_trusted
+from ._tree import Tree, tree
+from ._verify import check_digest
 
 __all__ = [
     "INDEX_ERRORS",
-    "INLINE_READ_BYTES",
-    "NOT_INLINE",
     "SMALL_BYTES",
     "Put",
     "put_small",
-    "read_checked",
-    "read_inline",
+    "read_entry",
     "read_regular",
     "renew_intact",
     "write_fully",
@@ -56,10 +51,6 @@ __all__ = [
 
 INDEX_ERRORS = "could not use the store index"
 
-#: Entries up to this size are read on the event loop thread (see :func:`read_inline`).
-INLINE_READ_BYTES = 64 << 10
-#: What :func:`read_inline` returns when the read must take a worker thread.
-NOT_INLINE: Any = object()
 #: Values up to this size are buffered on the loop and stored in one hop; decoding this much
 #: holds the GIL for well under a millisecond.
 SMALL_BYTES = 256 << 10
@@ -145,7 +136,7 @@ def _renew_if_intact(
     if existing.digest != row.digest or existing.size != row.size:
         return None
     try:
-        on_disk = _read_entry(dirs, kind, key, row.size)  # a planted huge file: one byte more
+        on_disk = read_entry(dirs, kind, key, row.size)  # a planted huge file: one byte more
     except OSError:
         return None  # gone, or not a regular file: write it afresh
     # Equal bytes hash to the digest computed from ``pieces``; the row's digest (the same seal
@@ -231,106 +222,7 @@ def _checked(
     return decode_exact(back, schema)
 
 
-def read_checked(
-    root: str, kind: Kind, key: str, now: float, secret: bytes
-) -> tuple[Row, bytes] | str | None:
-    """Look ``key`` up, read its bytes and check them against what is trusted: (row, bytes).
-
-    None when there is no live row or the file is gone (a concurrent eviction); a string
-    saying what is wrong when the bytes cannot be trusted. The read is recorded as a use,
-    best-effort (never waiting for the write lock).
-    """
-    with tree(root) as dirs:
-        return _read_checked(dirs, root, kind, key, now, secret)
-
-
-def _read_checked(
-    dirs: Tree, root: str, kind: Kind, key: str, now: float, secret: bytes
-) -> tuple[Row, bytes] | str | None:
-    with map_errors(INDEX_ERRORS):
-        index = _index.acquire(root)
-    try:
-        try:
-            with map_errors(INDEX_ERRORS):
-                row = index.lookup(kind, key, now)
-        except CorruptRowError:
-            return f"{kind} entry's index row is corrupt"
-        # Expired by this clock, or by the time other clocks already witnessed (_clocks).
-        if row is None or row.expires_at <= max(now, row.attested):
-            return None
-        got = _read_trusted(dirs, kind, key, row, secret)
-        if isinstance(got, bytes):
-            index.record_use(kind, key, now)
-    finally:
-        _index.release(index)
-    return got if got is None or isinstance(got, str) else (row, got)
-
-
-def _read_trusted(
-    dirs: Tree, kind: Kind, key: str, row: Row, secret: bytes, limit: int = -1
-) -> bytes | str | None:
-    try:
-        data = _read_entry(dirs, kind, key, limit)
-    except FileNotFoundError:
-        return None
-    except NotRegularFileError as exc:
-        return f"{kind} entry {exc.strerror}; refusing to read it"
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return f"{kind} entry is a symlink; refusing to follow it"
-        raise
-    try:
-        # The reference (or, for a summary, the sealed row) is the only digest trusted.
-        check_trusted(data, kind, key, row.digest, secret)
-    except ValueError as exc:
-        return f"{kind} entry does not verify: {exc}"
-    return data
-
-
-def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> Any:
-    """:func:`read_checked` run on the event loop thread, for small entries only.
-
-    A hop to a worker thread costs more than reading, hashing and decoding a few KB from the
-    page cache, so a small entry is read right here, provided nothing would make the loop
-    wait: the index must already be open and its reader free this instant, the row must say
-    at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read), and no
-    batch of recorded uses may be due (writing it is a commit). Otherwise ``NOT_INLINE``:
-    take the worker thread.
-    """
-    index = _index.acquire_now(root)
-    if index is None:
-        return NOT_INLINE
-    try:
-        if index.flush_due():
-            return NOT_INLINE
-        try:
-            row = index.lookup(kind, key, now, wait=False)
-        except IndexBusy:
-            return NOT_INLINE
-        except CorruptRowError:
-            return f"{kind} entry's index row is corrupt"
-        except (OSError, sqlite3.Error):
-            with map_errors(INDEX_ERRORS):  # only built when needed: this runs on every read
-                raise
-        if row is None or row.expires_at <= max(now, row.attested):
-            return None
-        if row.size > INLINE_READ_BYTES:
-            return NOT_INLINE
-        dirs = tree_now(root, kind)
-        if dirs is None:
-            return NOT_INLINE  # not opened yet, changed, or removed (remaking writes)
-        try:
-            got = _read_trusted(dirs, kind, key, row, secret, INLINE_READ_BYTES)
-        finally:
-            release_now(dirs)
-        if isinstance(got, bytes):
-            index.record_use(kind, key, now, flush=False)  # a commit never runs on the loop
-    finally:
-        _index.release(index, close_idle=False)
-    return got if got is None or isinstance(got, str) else (row, got)
-
-
-def _read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
+def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
     if not valid_name(kind, key):
         raise UnsafeStoreError("not an entry name", kind)
     fan_fd = dirs.fanout(kind, key)

@@ -1,0 +1,181 @@
+"""A read of one entry in one step: on the event loop thread when small, else in one hop.
+
+The row is looked up (live by this clock and by the clocks already witnessed), the file read
+without following links, and its bytes checked against what is trusted (the reference's
+keyed digest, or a summary's sealed row) before any value decoded from them is handed out.
+An entry of a medium size is decoded in a helper thread while this one hashes it (hashing
+lets go of the GIL, decoding does not): the hash no longer comes before the decode, and a
+failed check wins over whatever the decode said.
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from typing import Any, NamedTuple
+
+from .._canonical import decode_exact
+from .._errors import map_errors
+from .._perf import paused_gc
+from . import _index
+from ._aside import Aside
+from ._index import CorruptRowError, IndexBusy, Row
+from ._oneshot import INDEX_ERRORS, read_entry
+from ._paths import Kind, NotRegularFileError
+from ._tree import Tree, release_now, tree, tree_now
+from ._verify import WHOLE_DECODE_BYTES, check_trusted
+
+__all__ = [
+    "DECODE_BESIDE_BYTES",
+    "INLINE_READ_BYTES",
+    "NOT_INLINE",
+    "Read",
+    "read_checked",
+    "read_inline",
+]
+
+#: Entries up to this size are read on the event loop thread (see :func:`read_inline`).
+INLINE_READ_BYTES = 64 << 10
+#: What :func:`read_inline` returns when the read must take a worker thread.
+NOT_INLINE: Any = object()
+#: Entries from this size up to ``WHOLE_DECODE_BYTES`` are decoded in the read's hop, beside
+#: their hash (1 MB of short strings: the keyed hash took 0.5 ms of a 4.4 ms read).
+DECODE_BESIDE_BYTES = 256 << 10
+
+
+class Read(NamedTuple):
+    """An entry read and checked: its row, its bytes, and its value if decoded already."""
+
+    row: Row
+    data: bytes
+    #: ``(value,)`` or the decode's ``ValueError`` when decoded beside the hash; None: not.
+    decoded: tuple[Any] | ValueError | None = None
+
+
+def read_checked(
+    root: str, kind: Kind, key: str, now: float, secret: bytes, schema: Any = NOT_INLINE
+) -> Read | str | None:
+    """Look ``key`` up, read its bytes and check them against what is trusted.
+
+    None when there is no live row or the file is gone (a concurrent eviction); a string
+    saying what is wrong when the bytes cannot be trusted. With a ``schema``, an entry of
+    ``DECODE_BESIDE_BYTES`` up to ``WHOLE_DECODE_BYTES`` comes back decoded. The read is
+    recorded as a use, best-effort (never waiting for the write lock).
+    """
+    with tree(root) as dirs:
+        return _read_checked(dirs, root, kind, key, now, secret, schema)
+
+
+def _read_checked(
+    dirs: Tree, root: str, kind: Kind, key: str, now: float, secret: bytes, schema: Any
+) -> Read | str | None:
+    with map_errors(INDEX_ERRORS):
+        index = _index.acquire(root)
+    try:
+        try:
+            with map_errors(INDEX_ERRORS):
+                row = index.lookup(kind, key, now)
+        except CorruptRowError:
+            return f"{kind} entry's index row is corrupt"
+        # Expired by this clock, or by the time other clocks already witnessed (_clocks).
+        if row is None or row.expires_at <= max(now, row.attested):
+            return None
+        data = _read_untrusted(dirs, kind, key, row.size)  # a planted huge file: a byte more
+        if not isinstance(data, bytes):
+            return data
+        decoded = None
+        if schema is not NOT_INLINE and DECODE_BESIDE_BYTES <= len(data) <= WHOLE_DECODE_BYTES:
+            # Asked for before the hash: the helper takes the GIL while this thread hashes
+            # without it (asked for after, it would wait for the hash's end to begin).
+            decoding = Aside(_decoded, data, schema, pool="decode")
+            problem = _problem(data, kind, key, row.digest, secret)
+            decoded = decoding.wait()
+        else:
+            problem = _problem(data, kind, key, row.digest, secret)
+        if problem is not None:
+            return problem
+        index.record_use(kind, key, now)
+    finally:
+        _index.release(index)
+    return Read(row, data, decoded)
+
+
+def _decoded(data: bytes, schema: Any) -> tuple[Any] | ValueError:
+    """``data`` decoded against ``schema`` (GC paused): ``(value,)``, or why it is not valid."""
+    with paused_gc():  # a young collection over the fresh tree costs more than the decode
+        try:
+            return (decode_exact(data, schema),)
+        except ValueError as exc:
+            return exc
+
+
+def _read_untrusted(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes | str | None:
+    """At most ``limit + 1`` bytes of the entry; None if gone, a string if not a plain file."""
+    try:
+        return read_entry(dirs, kind, key, limit)
+    except FileNotFoundError:
+        return None
+    except NotRegularFileError as exc:
+        return f"{kind} entry {exc.strerror}; refusing to read it"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{kind} entry is a symlink; refusing to follow it"
+        raise
+
+
+def _problem(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> str | None:
+    """What is wrong with ``data`` against what is trusted, or None.
+
+    The reference (or, for a summary, the sealed row) is the only digest trusted.
+    """
+    try:
+        check_trusted(data, kind, key, recorded, secret)
+    except ValueError as exc:
+        return f"{kind} entry does not verify: {exc}"
+    return None
+
+
+def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> Any:
+    """:func:`read_checked` run on the event loop thread, for small entries only.
+
+    A hop to a worker thread costs more than reading, hashing and decoding a few KB from the
+    page cache, so a small entry is read right here, provided nothing would make the loop
+    wait: the index must already be open and its reader free this instant, the row must say
+    at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read), and no
+    batch of recorded uses may be due (writing it is a commit). Otherwise ``NOT_INLINE``:
+    take the worker thread.
+    """
+    index = _index.acquire_now(root)
+    if index is None:
+        return NOT_INLINE
+    try:
+        if index.flush_due():
+            return NOT_INLINE
+        try:
+            row = index.lookup(kind, key, now, wait=False)
+        except IndexBusy:
+            return NOT_INLINE
+        except CorruptRowError:
+            return f"{kind} entry's index row is corrupt"
+        except (OSError, sqlite3.Error):
+            with map_errors(INDEX_ERRORS):  # only built when needed: this runs on every read
+                raise
+        if row is None or row.expires_at <= max(now, row.attested):
+            return None
+        if row.size > INLINE_READ_BYTES:
+            return NOT_INLINE
+        dirs = tree_now(root, kind)
+        if dirs is None:
+            return NOT_INLINE  # not opened yet, changed, or removed (remaking writes)
+        try:
+            data = _read_untrusted(dirs, kind, key, INLINE_READ_BYTES)
+        finally:
+            release_now(dirs)
+        if isinstance(data, bytes):
+            problem = _problem(data, kind, key, row.digest, secret)
+            if problem is not None:
+                return problem
+            index.record_use(kind, key, now, flush=False)  # a commit never runs on the loop
+    finally:
+        _index.release(index, close_idle=False)
+    return data if data is None or isinstance(data, str) else Read(row, data)
