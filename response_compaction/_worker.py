@@ -18,13 +18,12 @@ from typing import Any
 
 import msgspec
 
-from ._canonical import decode_exact
 from ._digest import digest_hex
 from ._part import part_of
 from ._pool import receive, resolve, send
 from ._store._partial import RAISED, on_entry
 from ._store._paths import FILE_FLAGS
-from ._store._verify import check_trusted, verify_path
+from ._store._verify import check_trusted, decode_beside, verify_path
 
 #: Work on a whole entry's bytes, by request kind: ``args`` in, a msgpack-encodable result out.
 _WHOLE_WORK: dict[str, Callable[..., Any]] = {"part": part_of}
@@ -65,12 +64,12 @@ def _hashed(path: str, size: int, schema: Any, key: bytes) -> tuple[dict[str, An
     if len(data) != size:
         return {"problem": "the bytes read back are not as long as those written",
                 "digest": None}, None  # fmt: skip
+    decoding = decode_beside(data, schema)  # decoded in a helper while this thread hashes
     found = digest_hex(key, data)
-    try:
-        value = decode_exact(data, schema)
-    except ValueError as exc:
-        return {"problem": str(exc), "digest": found}, None
-    return {"problem": None, "digest": found}, value
+    outcome = decoding.wait()
+    if isinstance(outcome, ValueError):
+        return {"problem": str(outcome), "digest": found}, None
+    return {"problem": None, "digest": found}, outcome[0]
 
 
 def _whole(request: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import response_compaction as rc
 from response_compaction import _pool
 from response_compaction._store import _index
 from response_compaction._store._oneshot import read_regular
-from response_compaction._store._reads import DECODE_BESIDE_BYTES
+from response_compaction._store._verify import DECODE_BESIDE_BYTES
 from tests._store_support import compact, entry_path, hex_of, ref_of, store_root
 from tests.conftest import FakeClock
 from tests.schemas import Exact, Row, Summary, big_exact

@@ -14,19 +14,15 @@ import errno
 import sqlite3
 from typing import Any, NamedTuple
 
-from .._canonical import decode_exact
 from .._errors import map_errors
-from .._perf import paused_gc
 from . import _index
-from ._aside import Aside
 from ._index import CorruptRowError, IndexBusy, Row
 from ._oneshot import INDEX_ERRORS, read_entry
 from ._paths import Kind, NotRegularFileError
 from ._tree import Tree, release_now, tree, tree_now
-from ._verify import WHOLE_DECODE_BYTES, check_trusted
+from ._verify import DECODE_BESIDE_BYTES, WHOLE_DECODE_BYTES, check_trusted, decode_beside
 
 __all__ = [
-    "DECODE_BESIDE_BYTES",
     "INLINE_READ_BYTES",
     "NOT_INLINE",
     "Read",
@@ -38,9 +34,6 @@ __all__ = [
 INLINE_READ_BYTES = 64 << 10
 #: What :func:`read_inline` returns when the read must take a worker thread.
 NOT_INLINE: Any = object()
-#: Entries from this size up to ``WHOLE_DECODE_BYTES`` are decoded in the read's hop, beside
-#: their hash (1 MB of short strings: the keyed hash took 0.5 ms of a 4.4 ms read).
-DECODE_BESIDE_BYTES = 256 << 10
 
 
 class Read(NamedTuple):
@@ -85,9 +78,9 @@ def _read_checked(
             return data
         decoded = None
         if schema is not NOT_INLINE and DECODE_BESIDE_BYTES <= len(data) <= WHOLE_DECODE_BYTES:
-            # Asked for before the hash: the helper takes the GIL while this thread hashes
-            # without it (asked for after, it would wait for the hash's end to begin).
-            decoding = Aside(_decoded, data, schema, pool="decode")
+            # In the read's hop, beside the hash (1 MB of short strings: the keyed hash took
+            # 0.5 ms of a 4.4 ms read when it came first).
+            decoding = decode_beside(data, schema)
             problem = _problem(data, kind, key, row.digest, secret)
             decoded = decoding.wait()
         else:
@@ -98,15 +91,6 @@ def _read_checked(
     finally:
         _index.release(index)
     return Read(row, data, decoded)
-
-
-def _decoded(data: bytes, schema: Any) -> tuple[Any] | ValueError:
-    """``data`` decoded against ``schema`` (GC paused): ``(value,)``, or why it is not valid."""
-    with paused_gc():  # a young collection over the fresh tree costs more than the decode
-        try:
-            return (decode_exact(data, schema),)
-        except ValueError as exc:
-            return exc
 
 
 def _read_untrusted(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes | str | None:
