@@ -16,11 +16,22 @@ import pytest
 import response_compaction as rc
 from response_compaction import _pool
 from response_compaction._store import _index
+from response_compaction._store._fileio import AsyncBinaryFile
 from response_compaction._store._oneshot import read_regular
 from response_compaction._store._verify import DECODE_BESIDE_BYTES
-from tests._store_support import compact, entry_path, hex_of, ref_of, store_root
+from tests._store_support import (
+    FaultyBackend,
+    compact,
+    entry_files,
+    entry_path,
+    hex_of,
+    ref_of,
+    store_root,
+    temp_files,
+    with_backend,
+)
 from tests.conftest import FakeClock
-from tests.schemas import Exact, Row, Summary, big_exact
+from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
 
@@ -129,13 +140,23 @@ LARGE_TAMPERS = {
 }
 
 
-@pytest.mark.parametrize("tamper", list(LARGE_TAMPERS.values()), ids=list(LARGE_TAMPERS))
+_BESIDE_CASES = [(8_000, name) for name in LARGE_TAMPERS] + [
+    (40_000, name)
+    for name in ("a digit changed", "truncated")  # decoded in slices
+]
+
+
+@pytest.mark.parametrize(
+    ("rows", "tamper"),
+    [(rows, LARGE_TAMPERS[name]) for rows, name in _BESIDE_CASES],
+    ids=[f"{rows} rows, {name}" for rows, name in _BESIDE_CASES],
+)
 async def test_an_entry_decoded_beside_its_hash_reads_broken_when_tampered(
-    harness: rc.Harness, tamper: Any
+    harness: rc.Harness, tamper: Any, rows: int
 ) -> None:
-    """The digest check that runs beside a medium read's decode decides: a value that decodes
-    from tampered bytes is never Found, and the digest's verdict wins over the decode's."""
-    value, other = big_exact(8_000), big_exact(8_001)
+    """The digest check that runs beside a read's decode decides: a value that decodes from
+    tampered bytes is never Found, and the digest's verdict wins over the decode's."""
+    value, other = big_exact(rows), big_exact(rows + 1)
     await compact(harness, value)
     await compact(harness, other)
     root = store_root(harness.fs)
@@ -281,3 +302,22 @@ def test_a_bounded_read_stops_at_the_end_or_one_byte_past_the_limit(
         assert read_regular("f", fd) == bytes(range(256))[:size]
     finally:
         os.close(fd)
+
+
+async def test_a_large_value_read_back_wrong_is_refused_when_its_value_is_wanted(
+    harness: rc.Harness,
+) -> None:
+    """Over 2 MB, a wanted value is hashed beside its decode in slices: bytes on disk that
+    differ from those written (and still decode) are refused all the same, nothing kept."""
+    value = big_exact(40_000)
+
+    async def edit(inner: AsyncBinaryFile, data: bytes | memoryview) -> int:
+        return await inner.write(bytes(data).replace(b'"id":1,', b'"id":7,', 1))
+
+    faulty = with_backend(harness, FaultyBackend(write=edit))
+    options = {"fallback": FALLBACK, "ladder": "cheap", "summarize_above_bytes": 50_000_000}
+    with pytest.raises(ValueError, match="do not match their digest"):
+        await rc.response_compact(faulty, value, Exact, Summary, options)
+    root = store_root(harness.fs)
+    assert entry_files(root) == set()
+    assert temp_files(root) == []

@@ -33,6 +33,7 @@ together; nothing below it imports it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import secrets
@@ -64,10 +65,10 @@ from ._paths import (
     prepare_root,
     sweep_temps,
 )
-from ._reads import NOT_INLINE, read_checked, read_inline
+from ._reads import NOT_INLINE, check_read, read_checked, read_inline
 from ._stepwise import Stored
 from ._turns import STEPS_SECONDS, cpu_turn, pace, storing
-from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_value
+from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_beside, decoded_value
 
 __all__ = [
     "KINDS",
@@ -287,7 +288,7 @@ class Store(Medium):
             return Missing()
         if isinstance(got, str):
             return Broken(detail=got)
-        row, data, decoded = got
+        row, data, decoded, checked = got
         try:
             if isinstance(decoded, ValueError):
                 raise decoded
@@ -295,7 +296,12 @@ class Store(Medium):
                 return Found(value=decoded[0])
             if len(data) < GC_PAUSE_BYTES:  # small: no slices, no turn to take
                 return Found(value=decode_exact(data, schema))
-            value = await decoded_value(data, schema, decode_layout(row.layout))
+            spans = decode_layout(row.layout)
+            if checked:
+                value = await decoded_value(data, schema, spans)
+            else:
+                check = functools.partial(check_read, got, kind, key, self._key)
+                value = await decoded_beside(self._backend, data, schema, spans, check)
         except ValueError as exc:
             return Broken(detail=f"{kind} entry does not verify: {exc}")
         return Found(value=value)

@@ -26,6 +26,7 @@ __all__ = [
     "INLINE_READ_BYTES",
     "NOT_INLINE",
     "Read",
+    "check_read",
     "read_checked",
     "read_inline",
 ]
@@ -37,12 +38,14 @@ NOT_INLINE: Any = object()
 
 
 class Read(NamedTuple):
-    """An entry read and checked: its row, its bytes, and its value if decoded already."""
+    """An entry read: its row, its bytes, and its value if decoded already."""
 
     row: Row
     data: bytes
     #: ``(value,)`` or the decode's ``ValueError`` when decoded beside the hash; None: not.
     decoded: tuple[Any] | ValueError | None = None
+    #: False: the bytes are still to be checked, beside their decode in slices (the caller's).
+    checked: bool = True
 
 
 def read_checked(
@@ -52,8 +55,10 @@ def read_checked(
 
     None when there is no live row or the file is gone (a concurrent eviction); a string
     saying what is wrong when the bytes cannot be trusted. With a ``schema``, an entry of
-    ``DECODE_BESIDE_BYTES`` up to ``WHOLE_DECODE_BYTES`` comes back decoded. The read is
-    recorded as a use, best-effort (never waiting for the write lock).
+    ``DECODE_BESIDE_BYTES`` up to ``WHOLE_DECODE_BYTES`` comes back decoded, and a larger one
+    unchecked (``checked=False``: the caller checks it beside its decode in slices, see
+    ``_verify.decoded_beside``). The read is recorded as a use, best-effort (never waiting
+    for the write lock).
     """
     with tree(root) as dirs:
         return _read_checked(dirs, root, kind, key, now, secret, schema)
@@ -77,7 +82,10 @@ def _read_checked(
         if not isinstance(data, bytes):
             return data
         decoded = None
-        if schema is not NOT_INLINE and DECODE_BESIDE_BYTES <= len(data) <= WHOLE_DECODE_BYTES:
+        if schema is not NOT_INLINE and len(data) > WHOLE_DECODE_BYTES:
+            index.record_use(kind, key, now)
+            return Read(row, data, checked=False)
+        if schema is not NOT_INLINE and len(data) >= DECODE_BESIDE_BYTES:
             # In the read's hop, beside the hash (1 MB of short strings: the keyed hash took
             # 0.5 ms of a 4.4 ms read when it came first).
             decoding = decode_beside(data, schema)
@@ -105,6 +113,11 @@ def _read_untrusted(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes | str
         if exc.errno == errno.ELOOP:
             return f"{kind} entry is a symlink; refusing to follow it"
         raise
+
+
+def check_read(read: Read, kind: Kind, key: str, secret: bytes) -> None:
+    """Blocking: raise ``ValueError`` unless ``read``'s bytes are what is trusted."""
+    check_trusted(read.data, kind, key, read.row.digest, secret)
 
 
 def _problem(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> str | None:
