@@ -32,10 +32,11 @@ from ._models import (
     Receipt,
     SummarizedOutput,
 )
+from ._nulls import nulls_left_to_schema
 from ._options import resolve_options
 from ._prompt import Head
 from ._refs import MalformedRefError, exact_ref_for, parse_exact_ref
-from ._refusals import first_problem, nulls_left_to_schema, refused
+from ._refusals import first_problem, refused
 from ._schema import strict_json_schema
 from ._store import Store, Stored, open_store
 from ._store._turns import cpu_turn, next_turn

@@ -20,15 +20,11 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from ._pydantic import is_pydantic_schema
-
 __all__ = [
     "duplicate_key_path",
     "first_problem",
     "keys_may_merge",
     "merged_key_path",
-    "null_refused",
-    "nulls_left_to_schema",
     "refused",
 ]
 
@@ -183,60 +179,6 @@ def keys_may_merge(schema: Any) -> bool:
     return False
 
 
-# Types that decode nothing from JSON null, and containers of them.
-_NEVER_NULL = (
-    mi.StrType, mi.IntType, mi.BoolType, mi.FloatType, mi.BytesType, mi.ByteArrayType,
-    mi.DateTimeType, mi.DateType, mi.TimeType, mi.TimeDeltaType, mi.UUIDType, mi.DecimalType,
-)  # fmt: skip
-_OF_ITEMS = (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)
-
-
-@functools.lru_cache(maxsize=256)
-def null_refused(schema: Any) -> bool:
-    """Whether every position of ``schema`` refuses JSON null, and its decoder skips nothing.
-
-    msgspec writes NaN and infinities as ``null``. Against such a schema a ``null`` cannot
-    validate, so the read-back's validation refuses what the encoder's scan for ``null``
-    would have (0.5 ms per MB of short strings, on the event loop). Skipping is a place a
-    NaN could hide: a struct's unknown fields are skipped on decode, so a struct below the
-    top (where an instance of a subclass with more fields may sit) must forbid them; the
-    caller checks that the top-level value is exactly the schema's type. Anything that may
-    take ``null`` or skip part of a document (``None``, ``Any``, ``Raw``, custom types,
-    dataclasses, TypedDicts, NamedTuples, array-like structs) answers False.
-    """
-    try:
-        stack: list[tuple[Any, bool]] = [(mi.type_info(schema), True)]
-    except (TypeError, ValueError):
-        return False
-    seen: set[int] = set()
-    while stack:
-        node, top = stack.pop()
-        if isinstance(node, _NEVER_NULL):
-            continue
-        if isinstance(node, _OF_ITEMS):
-            stack.append((node.item_type, False))
-        elif isinstance(node, mi.TupleType | mi.UnionType):
-            items = node.item_types if isinstance(node, mi.TupleType) else node.types
-            stack.extend((item, False) for item in items)
-        elif isinstance(node, mi.DictType):
-            stack.extend(((node.key_type, False), (node.value_type, False)))
-        elif isinstance(node, mi.LiteralType):
-            if not all(isinstance(v, str | int) for v in node.values):
-                return False
-        elif isinstance(node, mi.EnumType):
-            if not all(isinstance(member.value, str | int) for member in node.cls):
-                return False
-        elif isinstance(node, mi.StructType):
-            if node.array_like or not (top or node.forbid_unknown_fields):
-                return False
-            if id(node.cls) not in seen:  # a recursive schema meets itself again
-                seen.add(id(node.cls))
-                stack.extend((field.type, False) for field in node.fields)
-        else:
-            return False
-    return True
-
-
 def merged_key_path(typed: Any, untyped: Any) -> str | None:
     """The path of the first mapping that has fewer keys in ``typed`` than in ``untyped``.
 
@@ -272,18 +214,6 @@ def merged_key_path(typed: Any, untyped: Any) -> str | None:
                 (v, p, f"{path}[{i}]") for i, (v, p) in enumerate(zip(value, plain, strict=False))
             )
     return None
-
-
-def nulls_left_to_schema(value: Any, schema: Any) -> bool:
-    """Whether validating ``value``'s canonical JSON against ``schema`` refuses any ``null``.
-
-    Then a NaN or infinity, which msgspec writes as ``null``, cannot pass the read-back's
-    validation and the encoder need not scan for it (``_refusals.null_refused``). A struct
-    instance must be of the schema's own type: a subclass's extra fields are skipped.
-    """
-    if is_pydantic_schema(schema) or not null_refused(schema):
-        return False
-    return not isinstance(value, msgspec.Struct) or type(value) is schema
 
 
 def refused(problem: str) -> ValueError:

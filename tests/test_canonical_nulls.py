@@ -11,7 +11,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction._canonical import iter_canonical
-from response_compaction._refusals import null_refused, nulls_left_to_schema
+from response_compaction._nulls import null_places, null_refused, nulls_left_to_schema
 from tests._store_support import entry_files, index_rows, store_root, temp_files
 from tests.schemas import FALLBACK, Summary
 
@@ -151,4 +151,79 @@ async def test_a_nan_in_fields_a_schema_would_skip_is_refused(
     """
     with pytest.raises(ValueError, match="NaN or infinity"):
         await rc.response_compact(harness, value, schema, Summary, OPTIONS)
+    assert entry_files(store_root(harness.fs)) == set()
+
+
+# ----------------------------------------------------------------------------- null places
+
+
+class Record(msgspec.Struct, frozen=True):
+    id: int
+    score: float
+    tags: list[str]
+    manager: int | None = None
+
+
+class RecordWithExtra(Record, frozen=True):
+    extra: float = 0.0
+
+
+class Table(msgspec.Struct, frozen=True):
+    query: str
+    rows: list[Record]
+    by_name: dict[str, Record]
+    note: str | None = None
+
+
+def _table(**changes: Any) -> Table:
+    rows = [Record(id=i, score=i / 3, tags=["a"], manager=None if i % 2 else i) for i in range(50)]
+    fields: dict[str, Any] = {"query": "q", "rows": rows, "by_name": {"r": rows[0]}}
+    return Table(**{**fields, **changes})
+
+
+def test_the_places_where_null_validates_are_looked_at_and_nothing_else() -> None:
+    """A table of flat records is checked in its optional fields only, and refused from the
+    skipped scan as soon as one of them (or an unexpected record type) holds a NaN."""
+    assert null_places(Table) is not None
+    assert nulls_left_to_schema(_table(), Table)
+    assert nulls_left_to_schema(_table(rows=[Record(id=1, score=math.nan, tags=[])]), Table)
+    for changed in (
+        _table(note=math.nan),
+        _table(rows=[Record(id=1, score=0.5, tags=[], manager=math.inf)]),  # type: ignore[arg-type]
+        _table(by_name={"x": Record(id=1, score=0.5, tags=[], manager=math.nan)}),  # type: ignore[arg-type]
+        _table(rows=[RecordWithExtra(id=1, score=0.5, tags=[], extra=math.nan)]),
+        _table(rows=None),  # not the schema's shape: scanned (and refused by validation)
+    ):
+        assert not nulls_left_to_schema(changed, Table)
+
+
+class Nested(msgspec.Struct, frozen=True):
+    rows: list[list[int | None]]
+
+
+class Loose(msgspec.Struct, frozen=True):
+    rows: list[Open]
+    anything: Any = None
+
+
+@pytest.mark.parametrize("schema", [Nested, Loose, list[Record]], ids=["nested", "Any", "list"])
+def test_shapes_the_places_do_not_cover_keep_the_scan(schema: Any) -> None:
+    assert null_places(schema) is None
+
+
+_TABLE_NANS = [
+    ("optional field", _table(rows=[Record(id=1, score=0.5, tags=[], manager=math.nan)])),  # type: ignore[arg-type]
+    ("required float", _table(rows=[Record(id=1, score=math.nan, tags=[])])),
+    ("subclass field", _table(rows=[RecordWithExtra(id=1, score=0.5, tags=[], extra=math.inf)])),
+    ("top-level optional", _table(note=-math.inf)),
+]
+
+
+@pytest.mark.parametrize("value", [v for _, v in _TABLE_NANS], ids=[n for n, _ in _TABLE_NANS])
+async def test_a_nan_anywhere_in_a_table_is_refused_by_name(
+    harness: rc.Harness, value: Table
+) -> None:
+    """Scanned or left to the schema, a NaN in a table of records is refused and named."""
+    with pytest.raises(ValueError, match=r"NaN or infinity at `\$\.(rows\[0\]|note)"):
+        await rc.response_compact(harness, value, Table, Summary, OPTIONS)
     assert entry_files(store_root(harness.fs)) == set()
