@@ -6,15 +6,15 @@ back, a hash, the index, the publish, the closes), and verifies a value over hal
 a worker process, a round trip of about 2 ms. For 1 MB that was a third of the time the work
 itself takes. A value the encoder gave whole (up to ``MEDIUM_BYTES``) goes through the same
 steps in the same order, with the same checks, in one worker-thread call (:func:`_store_here`):
-create the temp file and write every piece (looping on short writes) in a helper while this
-thread hashes the pieces (an entry already live under that digest, intact on disk and valid,
-is renewed instead, and the file thrown away), hand its fsync to a syncer thread, read it back
-by name, decode it against the schema (GC paused) in a helper while this thread checks its
-keyed digest, wait for the fsync, then publish it (rename, directory fsync, row). The
-read-back sees the bytes written whether or not they are on disk yet, and nothing is
-published before the fsync and the verification both ended. The syncer is started before
-the decode because msgspec holds the GIL while it decodes: a thread asked for the fsync
-afterwards only began once the decode was over, so the two ran one after the other.
+hash the pieces (an entry already live under that digest, intact on disk and valid, is
+renewed instead of written again), create the temp file, write every piece (looping on short
+writes), hand its fsync to a syncer thread, read it back by name, decode it against the
+schema (GC paused) in a helper while this thread checks its keyed digest, wait for the fsync,
+then publish it (rename, directory fsync, row). The read-back sees the bytes written whether
+or not they are on disk yet, and nothing is published before the fsync and the verification
+both ended. The syncer is started before the decode because msgspec holds the GIL while it
+decodes: a thread asked for the fsync afterwards only began once the decode was over, so the
+two ran one after the other.
 
 That is for a value stored alone on its event loop: decoding a few MB holds the GIL for a few
 milliseconds, which the caller's loop can spare, and the value a receipt hands back is that
@@ -41,14 +41,14 @@ from .._canonical import Span
 from .._errors import map_errors
 from .._perf import paused_gc
 from . import _index
-from ._aside import Aside, let_go
+from ._aside import let_go
 from ._commit import Publication, publish
 from ._group import publish_grouped
 from ._index import IndexBusy
 from ._oneshot import read_regular, renew_intact, write_fully
 from ._paths import Kind
 from ._stepwise import INDEX_ERRORS, Stepwise, Stored
-from ._temp import Temp, create_temp, digest_pieces, temp_name
+from ._temp import Temp, create_temp, digest_pieces, temp_name, write_temp
 from ._turns import STEPS_SECONDS, cpu_turn, others_storing
 from ._verify import WORKER_VERIFY_BYTES, check_digest_of, checked_decode
 
@@ -96,24 +96,11 @@ def _store_here(
     and valid, is renewed instead of written again. The temp file is discarded if it does
     not verify (``ValueError``) or anything else fails. A value nobody wants is freed here.
     """
-    temp = create_temp(os.path.join(root, "tmp"), name)
-    try:
-        # Written by a helper while this thread hashes (neither holds the GIL for long): the
-        # digest names the entry that may be live, and a renewal throws the file away.
-        writing = Aside(_write_steps, temp.fd, pieces)
-        try:
-            hex_digest = digest_pieces(key, pieces)
-        finally:
-            writing.join()  # before anything may close the file it writes
-        writing.wait()
-        renewed = _renew_here(root, item(hex_digest), pieces, schema, want_value)
-        if renewed is not None:
-            temp.discard(published=False)
-            return _Done(None, hex_digest, renewed[0], True)
-        temp.start_sync()
-    except BaseException:
-        temp.discard(published=False)
-        raise
+    hex_digest = digest_pieces(key, pieces)  # first: it names the entry that may be live
+    renewed = _renew_here(root, item(hex_digest), pieces, schema, want_value)
+    if renewed is not None:
+        return _Done(None, hex_digest, renewed[0], True)
+    temp = write_temp(os.path.join(root, "tmp"), name, pieces)
     try:
         checked = [_verify_temp(temp, hex_digest, size, schema, key, synced=False)]
         value = checked.pop() if want_value else None

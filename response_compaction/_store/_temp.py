@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 from .._digest import new_hasher
 from ._aside import Aside, begun
+from ._oneshot import write_fully
 from ._paths import FILE_FLAGS, open_dir, unlink_quietly
 
-__all__ = ["Temp", "create_temp", "digest_pieces", "temp_name"]
+__all__ = ["Temp", "create_temp", "digest_pieces", "temp_name", "write_temp"]
 
 
 _names = itertools.count()
@@ -95,6 +96,19 @@ class Temp:
                 unlink_quietly(self.name, self.dir_fd)
         finally:
             os.close(self.dir_fd)
+
+
+def write_temp(tmp_path: str, name: str, pieces: Sequence[bytes | memoryview]) -> Temp:
+    """Blocking: create ``name`` in ``tmp_path``, write ``pieces`` and start its fsync."""
+    temp = create_temp(tmp_path, name)
+    try:
+        for piece in pieces:
+            write_fully(temp.fd, piece)
+        temp.start_sync()
+    except BaseException:
+        temp.discard(published=False)
+        raise
+    return temp
 
 
 def create_temp(tmp_path: str, name: str) -> Temp:
