@@ -23,7 +23,13 @@ from ._part import part_of
 from ._pool import receive, resolve, send
 from ._store._partial import RAISED, on_entry
 from ._store._paths import FILE_FLAGS
-from ._store._verify import check_trusted, decode_beside, verify_path
+from ._store._verify import (
+    check_trusted,
+    decode_beside,
+    decode_outcome,
+    decodes_plainly,
+    verify_path,
+)
 
 #: Work on a whole entry's bytes, by request kind: ``args`` in, a msgpack-encodable result out.
 _WHOLE_WORK: dict[str, Callable[..., Any]] = {"part": part_of}
@@ -64,11 +70,17 @@ def _hashed(path: str, size: int, schema: Any, key: bytes) -> tuple[dict[str, An
     if len(data) != size:
         return {"problem": "the bytes read back are not as long as those written",
                 "digest": None}, None  # fmt: skip
-    decoding = decode_beside(data, schema)  # decoded in a helper while this thread hashes
-    found = digest_hex(key, data)
-    outcome = decoding.wait()
+    if decodes_plainly(schema):
+        decoding = decode_beside(data, schema)  # decoded in a helper while this thread hashes
+        found = digest_hex(key, data)
+        outcome = decoding.wait()
+    else:  # the schema's own code runs after the hash, as it always did
+        found = digest_hex(key, data)
+        outcome = decode_outcome(data, schema)
     if isinstance(outcome, ValueError):
         return {"problem": str(outcome), "digest": found}, None
+    if isinstance(outcome, Exception):
+        raise outcome
     return {"problem": None, "digest": found}, outcome[0]
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import msgspec
 import pytest
 
 import response_compaction as rc
@@ -36,6 +37,7 @@ from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 pytestmark = pytest.mark.anyio
 
 A = Exact(rows=[Row(id=1, name="alpha")], total=1)
+OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
 
 
 #: A small value (one hop) and a medium one (about 1 MB, stored in one worker-thread call).
@@ -321,3 +323,36 @@ async def test_a_large_value_read_back_wrong_is_refused_when_its_value_is_wanted
     root = store_root(harness.fs)
     assert entry_files(root) == set()
     assert temp_files(root) == []
+
+
+TAMPERED_SEEN: list[int] = []
+
+
+class Audited(msgspec.Struct, frozen=True):
+    """A schema whose own code runs while it decodes (``__post_init__``)."""
+
+    rows: list[Row]
+    total: int
+
+    def __post_init__(self) -> None:
+        # (Also run when the encoder rebuilds it around placeholders for its list.)
+        if isinstance(self.rows, list) and any(row.id == 7 for row in self.rows[:3]):
+            TAMPERED_SEEN.append(1)
+            raise RuntimeError("the schema's code saw bytes not yet checked")
+
+
+@pytest.mark.parametrize("rows", [8_000, 40_000], ids=["in the hop", "in slices"])
+async def test_a_schema_with_its_own_code_only_ever_sees_checked_bytes(
+    harness: rc.Harness, rows: int
+) -> None:
+    """Decoding beside the hash is for msgspec's own code: a ``__post_init__`` runs after the
+    check, so tampered bytes read Broken and never reach it (nor does what it raises)."""
+    value = Audited(rows=big_exact(rows).rows, total=rows)
+    compacted = await rc.response_compact(harness, value, Audited, Summary, OPTIONS)
+    path = entry_path(store_root(harness.fs), compacted.receipt.exact_digest.split(":")[1])
+    path.write_bytes(path.read_bytes().replace(b'"id":1,', b'"id":7,', 1))
+    TAMPERED_SEEN.clear()
+    found = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Audited)
+    assert isinstance(found, rc.Broken)
+    assert "do not hash to the reference" in found.detail
+    assert TAMPERED_SEEN == []

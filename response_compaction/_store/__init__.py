@@ -290,8 +290,8 @@ class Store(Medium):
             return Broken(detail=got)
         row, data, decoded, checked = got
         try:
-            if isinstance(decoded, ValueError):
-                raise decoded
+            if isinstance(decoded, Exception):
+                raise decoded  # what the decode raised, now that the bytes checked
             if decoded is not None:
                 return Found(value=decoded[0])
             if len(data) < GC_PAUSE_BYTES:  # small: no slices, no turn to take

@@ -20,7 +20,13 @@ from ._index import CorruptRowError, IndexBusy, Row
 from ._oneshot import INDEX_ERRORS, read_entry
 from ._paths import Kind, NotRegularFileError
 from ._tree import Tree, release_now, tree, tree_now
-from ._verify import DECODE_BESIDE_BYTES, WHOLE_DECODE_BYTES, check_trusted, decode_beside
+from ._verify import (
+    DECODE_BESIDE_BYTES,
+    WHOLE_DECODE_BYTES,
+    check_trusted,
+    decode_beside,
+    decodes_plainly,
+)
 
 __all__ = [
     "INLINE_READ_BYTES",
@@ -42,8 +48,8 @@ class Read(NamedTuple):
 
     row: Row
     data: bytes
-    #: ``(value,)`` or the decode's ``ValueError`` when decoded beside the hash; None: not.
-    decoded: tuple[Any] | ValueError | None = None
+    #: ``(value,)`` or what the decode raised, when decoded beside the hash; None: not.
+    decoded: tuple[Any] | Exception | None = None
     #: False: the bytes are still to be checked, beside their decode in slices (the caller's).
     checked: bool = True
 
@@ -85,7 +91,11 @@ def _read_checked(
         if schema is not NOT_INLINE and len(data) > WHOLE_DECODE_BYTES:
             index.record_use(kind, key, now)
             return Read(row, data, checked=False)
-        if schema is not NOT_INLINE and len(data) >= DECODE_BESIDE_BYTES:
+        if (
+            schema is not NOT_INLINE
+            and len(data) >= DECODE_BESIDE_BYTES
+            and decodes_plainly(schema)
+        ):
             # In the read's hop, beside the hash (1 MB of short strings: the keyed hash took
             # 0.5 ms of a 4.4 ms read when it came first).
             decoding = decode_beside(data, schema)

@@ -11,11 +11,13 @@ from typing import Any, Literal
 
 import anyio
 import anyio.lowlevel
+import msgspec.inspect as mi
 
 from .. import _pool, _verifiers
 from .._canonical import Span, decode_exact
 from .._digest import digest_hex, matches
 from .._perf import paused_gc
+from .._pydantic import is_pydantic_schema
 from .._slices import Sign, decode_sliced, open_layout, seal_layout
 from ._aside import Aside
 from ._fileio import FileBackend
@@ -30,8 +32,10 @@ __all__ = [
     "check_trusted",
     "checked_decode",
     "decode_beside",
+    "decode_outcome",
     "decoded_beside",
     "decoded_value",
+    "decodes_plainly",
     "opened_layout",
     "seal",
     "sealed_layout",
@@ -81,37 +85,73 @@ def check_digest(data: bytes, hex_digest: str, size: int, key: bytes) -> None:
 def checked_decode(data: bytes, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
     """:func:`check_digest` then :func:`decode_exact`, the decode run beside the digest.
 
-    Same value and the same ``ValueError``, in the same order of precedence (a length or
-    digest mismatch wins over a decode problem).
+    Same value and the same errors, in the same order of precedence (a length or digest
+    mismatch wins over a decode problem).
     """
-    if len(data) != size or len(data) < DECODE_BESIDE_BYTES:
+    if len(data) != size or len(data) < DECODE_BESIDE_BYTES or not decodes_plainly(schema):
         check_digest(data, hex_digest, size, key)
         return decode_exact(data, schema)
     decoding = decode_beside(data, schema)
     found = digest_hex(key, data)
     outcome = decoding.wait()
     check_digest_of(found, hex_digest)
-    if isinstance(outcome, ValueError):
+    if isinstance(outcome, Exception):
         raise outcome
     return outcome[0]
 
 
-def decode_beside(data: bytes, schema: Any) -> Aside[tuple[Any] | ValueError]:
+def decode_beside(data: bytes, schema: Any) -> Aside[tuple[Any] | Exception]:
     """``data`` being decoded against ``schema`` in a helper thread, GC paused.
 
     Asked for just before the caller hashes ``data``: the helper takes the GIL while the
-    hash runs without it. Its outcome is ``(value,)`` or the decode's ``ValueError``, which
-    the caller raises only once the bytes are known to be the right ones.
+    hash runs without it. Its outcome is ``(value,)`` or what the decode raised, which the
+    caller raises only once the bytes are known to be the right ones. Only for schemas that
+    :func:`decodes_plainly` (no code of the caller's may see bytes not yet checked).
     """
-    return Aside(_decode_outcome, data, schema, pool="decode")
+    return Aside(decode_outcome, data, schema, pool="decode")
 
 
-def _decode_outcome(data: bytes, schema: Any) -> tuple[Any] | ValueError:
+def decode_outcome(data: bytes, schema: Any) -> tuple[Any] | Exception:
+    """``(value,)``, or what decoding ``data`` against ``schema`` raised (GC paused)."""
     with paused_gc():  # a young collection over the fresh tree costs more than the decode
         try:
             return (decode_exact(data, schema),)
-        except ValueError as exc:
+        except Exception as exc:  # raised by the caller once the digest is known to hold
             return exc
+
+
+@functools.lru_cache(maxsize=256)
+def decodes_plainly(schema: Any) -> bool:
+    """Whether decoding against ``schema`` runs msgspec's own code only.
+
+    Not a pydantic model, no ``__post_init__`` (structs, dataclasses, attrs), no custom
+    type: code of the caller's must only ever see bytes whose digest was checked, so those
+    are decoded after their check, not beside it.
+    """
+    if is_pydantic_schema(schema):
+        return False
+    try:
+        stack: list[Any] = [mi.type_info(schema)]
+    except (TypeError, ValueError):
+        return False
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, mi.CustomType | mi.ExtType):
+            return False
+        cls = getattr(node, "cls", None)
+        if any(hasattr(cls, hook) for hook in ("__post_init__", "__attrs_post_init__")):
+            return False
+        if isinstance(node, mi.Field):
+            stack.append(node.type)
+        elif isinstance(node, mi.Type):
+            for name in node.__struct_fields__:
+                child = getattr(node, name)
+                stack.extend(child if isinstance(child, tuple) else (child,))
+    return True
 
 
 def check_digest_of(found_hex: str, hex_digest: str) -> None:
@@ -202,13 +242,17 @@ async def decoded_beside(
 
     For bytes decoded in slices, whose turns give the helper the GIL to start hashing (which
     then lets go of it): 10 MB of short strings hashed in 5 ms no longer before the decode.
-    The check's ``ValueError`` wins over the decode's; the value is returned only once the
-    check has passed.
+    The check's ``ValueError`` wins over whatever the decode raised; the value is returned
+    only once the check has passed. A schema that does not :func:`decodes_plainly` is
+    checked first.
     """
+    if not decodes_plainly(schema):
+        await backend.run(check)
+        return await decoded_value(data, schema, spans)
     checking = Aside(check, pool="digest")
     try:
         value = await decoded_value(data, schema, spans)
-    except ValueError:
+    except Exception:
         await _outcome(backend, checking)
         raise
     await _outcome(backend, checking)
