@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sqlite3
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import _pool
-from response_compaction._store import _index
+from response_compaction._store import _commit, _index
 from response_compaction._store._fileio import AsyncBinaryFile
 from response_compaction._store._oneshot import read_regular
 from response_compaction._store._verify import DECODE_BESIDE_BYTES
@@ -113,6 +115,7 @@ async def test_a_renewal_beside_a_publish_in_flight_syncs_its_directory(
 ) -> None:
     """This process's own entry is vouched for without a sync only when no publish is between
     its rename and its directory's fsync (whichever entry that publish names)."""
+    monkeypatch.setattr(_commit, "_naming_failed", [False])  # not another test's failure
     await compact(harness, A)
     root = store_root(harness.fs)
     other = Exact(rows=[Row(id=2, name="beta")], total=1)
@@ -170,6 +173,57 @@ async def test_an_entry_decoded_beside_its_hash_reads_broken_when_tampered(
     assert "do not hash to the reference" in found.detail
     found = await rc.response_compaction_read_exact(harness, ref_of(other), Exact)
     assert found == rc.Found(value=other)
+
+
+async def test_a_renewal_beside_another_renewal_in_flight_syncs_its_directory(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two reuses of another writer's entry at once: the second does not vouch for a name the
+    first is still syncing, though the row now names this process's writer."""
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    with sqlite3.connect(root / "index.sqlite3") as other:  # as another process's writer
+        other.execute("UPDATE entries SET writer = 'another process'")
+    fan_out = entry_path(root, hex_of(A)).parent
+    log = FsyncLog(hold_dir_of=fan_out)
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", log)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(compact, harness, A)
+            await anyio.to_thread.run_sync(log.held.wait, 10)
+            synced_before = len(log.synced)
+            again = await compact(harness, A)
+            second = log.synced[synced_before:]
+            log.release.set()
+    assert again.receipt.exact_cache == "reused"
+    assert _identity(fan_out) in second
+
+
+async def test_after_a_directory_fsync_failed_no_renewal_skips_its_sync(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed directory fsync leaves a row of this process whose name may not be on disk:
+    from then on every renewal syncs, its own rows included."""
+    monkeypatch.setattr(_commit, "_naming_failed", [False])  # this test's own process state
+    await compact(harness, A)
+    other = Exact(rows=[Row(id=2, name="beta")], total=1)
+    real_fsync = os.fsync
+
+    def failing(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, "injected")
+        real_fsync(fd)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", failing)
+        with pytest.raises(rc.StoreError):
+            await compact(harness, other)
+    log = FsyncLog()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", log)
+        again = await compact(harness, A)
+    assert again.receipt.exact_cache == "reused"
+    assert _identity(entry_path(store_root(harness.fs), hex_of(A)).parent) in log.synced
 
 
 @SIZES

@@ -7,8 +7,9 @@ one-hop paths of ``_oneshot``.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from ._aside import Aside, fsync
@@ -19,7 +20,6 @@ from ._tree import Dirs
 
 __all__ = [
     "Publication",
-    "names_on_disk",
     "prune_all",
     "publish",
     "publish_all",
@@ -30,9 +30,21 @@ __all__ = [
 #: Expired rows deleted per commit, so one write never pays for a long-idle store's backlog.
 EXPIRED_PER_COMMIT = 64
 
-# Publishes of this process between their rename and their directory's fsync (see renew).
+# This process's publishes and renewals between the moment their row was visible and the end
+# of their directory's fsync (see renew); True once such an fsync failed: from then on none of
+# this process's names is known to be on disk by this count.
 _naming = [0]
+_naming_failed = [False]
 _naming_lock = threading.Lock()
+
+
+def _forget_naming_in_child() -> None:
+    global _naming_lock
+    _naming_lock = threading.Lock()  # it may have been held by a thread that does not exist here
+    _naming[0] = 0  # a child has a writer id of its own: none of its rows is "ours" yet
+
+
+os.register_at_fork(after_in_child=_forget_naming_in_child)
 
 
 @contextlib.contextmanager
@@ -46,14 +58,24 @@ def _naming_entries() -> Iterator[None]:
             _naming[0] -= 1
 
 
-def names_on_disk(row: Row) -> bool:
-    """Whether ``row``'s entry name is known to be fsynced in its directory already.
+def _names_on_disk(previous_writer: object) -> bool:
+    """Whether the name a row vouches for is on disk already (called inside ``_naming``).
 
-    True when this process's writer stored or renewed it last (``row.writer``, read back
-    after it was visible) and none of its publishes is still between a rename and that
-    directory's fsync: each of them ended with the fsync, or vouched for it (:func:`renew`).
+    True when this process's writer stored or renewed the row last and none of its other
+    publishes or renewals is between a visible row and its directory's fsync: each of them
+    ended with that fsync, which never failed.
     """
-    return row.writer == writer_id() and _naming[0] == 0
+    with _naming_lock:
+        return previous_writer == writer_id() and _naming[0] == 1 and not _naming_failed[0]
+
+
+def _synced(wait: Callable[[], object]) -> None:
+    """``wait()`` for a directory fsync; a failure is remembered (see ``_naming``)."""
+    try:
+        wait()
+    except BaseException:
+        _naming_failed[0] = True
+        raise
 
 
 def publish(
@@ -84,7 +106,7 @@ def publish(
                     dirs.unlink(victim_kind, victim_key)
         finally:
             if dir_sync is not None:
-                dir_sync.wait()  # before the fan-out fd it syncs is closed
+                _synced(dir_sync.wait)  # before the fan-out fd it syncs is closed
     return reused
 
 
@@ -129,7 +151,7 @@ def publish_all(index: Index, items: list[Publication]) -> list[bool | OSError]:
                 # Beside the COMMIT, as in :func:`publish`; all have returned before any result.
                 syncs = [Aside(fsync, fd) for fd in renamed]
         finally:
-            _wait_all(syncs)
+            _synced(lambda: _wait_all(syncs))
     return results
 
 
@@ -151,22 +173,27 @@ def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries:
     False (nothing changed) when the row no longer holds that digest or expired meanwhile:
     another process evicted or replaced it after we read it, and the caller writes afresh.
 
+    The name is on disk when this returns True: the writer that published it fsyncs its
+    directory beside its COMMIT, so a renewal that reads the row meanwhile syncs the
+    directory itself, unless this process's writer stored or renewed the row last and none
+    of this process's other namings is still under way (``_names_on_disk``).
+
     Not synced (``durable=False``): the bytes were fsynced before their rename, and a WAL
-    commit that was visible to our lookup was already synced; the rename's directory fsync
-    may still be running beside that commit, so the caller syncs the directory itself
-    before it hands out a receipt (unless :func:`names_on_disk`). A crash can only lose
-    this transaction as a
-    whole: the later expiry and the use (the entry keeps the expiry it had before this call,
-    still verified on every read: a shorter TTL, never a wrong or torn value), and any
-    eviction it made (a row whose file is gone reads Missing, as after a crash between unlink
-    and commit before). The next durable commit makes it durable.
+    commit that was visible to our lookup was already synced. A crash can only lose this
+    transaction as a whole: the later expiry and the use (the entry keeps the expiry it had
+    before this call, still verified on every read: a shorter TTL, never a wrong or torn
+    value), and any eviction it made (a row whose file is gone reads Missing, as after a
+    crash between unlink and commit before). The next durable commit makes it durable.
     """
-    with index.transaction(durable=False) as tx:
-        tx.saw(now)
-        if not tx.renew(kind, key, row, now):
-            return False
-        with Dirs(index.root) as dirs:
+    with _naming_entries(), Dirs(index.root) as dirs:
+        with index.transaction(durable=False) as tx:
+            tx.saw(now)
+            previous = tx.writer_of(kind, key)
+            if not tx.renew(kind, key, row, now):
+                return False
             _evict(tx, dirs, kind, key, now, max_entries)
+        if not _names_on_disk(previous):
+            _synced(lambda: fsync(dirs.fanout(kind, key)))
     return True
 
 

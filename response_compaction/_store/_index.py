@@ -254,7 +254,7 @@ class Index:
         )
         if not rows:
             return None
-        digest, size, expires_at, layout, attested, by_writer = rows[0]
+        digest, size, expires_at, layout, attested = rows[0]
         when = number(expires_at)
         if (
             not (isinstance(digest, str) and HEX.fullmatch(digest))
@@ -263,8 +263,7 @@ class Index:
         ):
             raise CorruptRowError("the index row of this entry is corrupt")
         hint = layout if isinstance(layout, bytes) else None  # a layout is only a hint
-        by = by_writer if isinstance(by_writer, str) else None
-        return Row(digest, size, when, hint, number(attested) or now, by)
+        return Row(digest, size, when, hint, number(attested) or now)
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""

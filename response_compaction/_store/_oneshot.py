@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 from .._canonical import decode_exact
 from .._errors import UnsafeStoreError, map_errors
 from . import _index
-from ._aside import Aside, fsync
-from ._commit import names_on_disk, publish, renew
+from ._aside import Aside
+from ._commit import publish, renew
 from ._index import CorruptRowError, Index, Row
 from ._paths import (
     FILE_FLAGS,
@@ -146,14 +146,6 @@ def _renew_if_intact(
     value = decode_exact(on_disk, schema)  # ValueError: the value does not validate
     with map_errors(f"could not renew the {kind} value in the store index"):
         renewed = renew(index, kind, key, row, now, max_entries)
-    if renewed and not names_on_disk(existing):
-        # Another writer may still be inside this entry's directory fsync (it runs beside
-        # its COMMIT): a receipt vouches for the name only once it is on disk.
-        fan_fd = dirs.fanout(kind, key)
-        try:
-            fsync(fan_fd)
-        finally:
-            os.close(fan_fd)
     return Put(reused=True, value=value) if renewed else None
 
 

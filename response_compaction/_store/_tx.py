@@ -21,7 +21,7 @@ _BEYOND_BOUND = (
 )
 #: Bound as (kind, key, now, writer id): numbered, so a tuple binds it (see attested_sql).
 LOOKUP = (
-    f"SELECT digest, size, expires_at, layout, {attested_sql('?3', '?4')}, writer"  # noqa: S608
+    f"SELECT digest, size, expires_at, layout, {attested_sql('?3', '?4')}"  # noqa: S608
     " FROM entries WHERE kind = ?1 AND key = ?2"
 )
 _ATTESTED = f"SELECT {ATTESTED_SQL}"
@@ -48,8 +48,6 @@ class Row(NamedTuple):
     layout: bytes | None
     #: The attested time (see ``_clocks``) when this row was read; 0 when not read back.
     attested: float = 0.0
-    #: The writer that last stored or renewed it, when read back.
-    writer: str | None = None
 
 
 class Entry(NamedTuple):
@@ -147,6 +145,13 @@ class Transaction:
             " last_used = excluded.last_used, layout = excluded.layout, writer = excluded.writer",
             (kind, key, row.digest, row.size, expires_at, self.next_use(), row.layout, self.me),
         )
+
+    def writer_of(self, kind: Kind, key: str) -> object:
+        """The writer that last stored or renewed ``key`` (as recorded: maybe not a str)."""
+        found = self._conn.execute(
+            "SELECT writer FROM entries WHERE kind = ? AND key = ?", (kind, key)
+        ).fetchone()
+        return None if found is None else found[0]
 
     def renew(self, kind: Kind, key: str, row: Row, now: float) -> bool:
         """Store ``key`` again without rewriting it; False if no live row holds ``row``'s digest.
