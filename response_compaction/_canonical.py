@@ -183,7 +183,7 @@ def iter_canonical(
     is a list, a :class:`Span` is appended for each array streamed in slices at the top level
     or as a field of a top-level struct, so a reader can decode it slice by slice.
     ``scan_nulls=False``: NaN and infinities are written as ``null`` for the caller's schema
-    to refuse (``_refusals.nulls_left_to_schema``).
+    to refuse (``_nulls.nulls_left_to_schema``).
     """
     value = pydantic_plain(value)
     return _guarded(value, _Stream(piece_bytes, layout, scan_nulls).value(value, top=True))

@@ -172,9 +172,10 @@ async def _store_exact(
 ) -> Stored:
     """Write the canonical bytes (the head keeping what the model may be shown).
 
-    Against a schema that refuses ``null`` everywhere, a NaN is not looked for while
-    encoding: it is written as ``null`` and the read-back refuses it (nothing published);
-    only then is the value walked, to name what it holds as the encoder would have.
+    Where the schema refuses ``null`` (everywhere, or everywhere but places looked at
+    first: ``_nulls``), a NaN is not looked for while encoding: it is written as ``null`` and
+    the read-back refuses it (nothing published); only then is the value walked, to name
+    what it holds as the encoder would have.
     """
     scan_nulls = not nulls_left_to_schema(value, schema)
     try:
@@ -188,8 +189,8 @@ async def _store_exact(
             want_value_up_to=opts.summarize_above_bytes,
             layout=layout,
         )
-    except ValueError:
-        if scan_nulls:
+    except ValueError as exc:
+        if scan_nulls or str(exc).startswith("exact_response "):  # the encoder's own words
             raise
         problem = await anyio.to_thread.run_sync(first_problem, value)
         if problem is None:

@@ -40,7 +40,7 @@ def encode_checked(value: Any, *, scan_nulls: bool = True) -> bytes:
     """``value``'s canonical JSON; :class:`RefusedError` if it would not be ``value``.
 
     ``scan_nulls=False`` leaves a NaN or infinity written as ``null`` to the caller, whose
-    schema refuses ``null`` wherever it appears (``_refusals.null_refused``).
+    schema refuses ``null`` wherever a NaN could stand (``_nulls.nulls_left_to_schema``).
     """
     try:
         data = ENCODER.encode(value)

@@ -158,9 +158,7 @@ def _field_check(name: str, node: Any) -> Check | bool:
         return False
     if not isinstance(node, mi.ListType | mi.VarTupleType | mi.DictType):
         return False
-    items: Callable[[Any], Iterable[Any]] = (
-        (lambda value: get(value).values()) if isinstance(node, mi.DictType) else get
-    )
+    items = _dict_values(get) if isinstance(node, mi.DictType) else _list_items(get)
     item = node.value_type if isinstance(node, mi.DictType) else node.item_type
     if _optional_leaf(item):
         return lambda value: _finite(items(value))
@@ -169,6 +167,33 @@ def _field_check(name: str, node: Any) -> Check | bool:
         return False
     cls, optional = record
     return lambda value: _records_finite(items(value), cls, optional)
+
+
+def _list_items(get: Callable[[Any], Any]) -> Callable[[Any], Iterable[Any]]:
+    """The items of a list or tuple field; TypeError if it is another kind of sequence.
+
+    A subclass may hide items from iteration, not from the encoder.
+    """
+
+    def items(value: Any) -> Iterable[Any]:
+        found = get(value)
+        if type(found) not in (list, tuple):
+            raise TypeError
+        return found  # type: ignore[no-any-return]
+
+    return items
+
+
+def _dict_values(get: Callable[[Any], Any]) -> Callable[[Any], Iterable[Any]]:
+    """The values of a dict field; TypeError if it is another kind of mapping."""
+
+    def values(value: Any) -> Iterable[Any]:
+        found = get(value)
+        if type(found) is not dict:
+            raise TypeError
+        return found.values()
+
+    return values
 
 
 def _record(node: Any) -> tuple[type, tuple[str, ...]] | None:

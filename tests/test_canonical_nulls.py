@@ -175,6 +175,13 @@ class Table(msgspec.Struct, frozen=True):
     note: str | None = None
 
 
+class Hiding(list[Any]):
+    """A list whose iteration shows nothing: the encoder writes its items all the same."""
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+
 def _table(**changes: Any) -> Table:
     rows = [Record(id=i, score=i / 3, tags=["a"], manager=None if i % 2 else i) for i in range(50)]
     fields: dict[str, Any] = {"query": "q", "rows": rows, "by_name": {"r": rows[0]}}
@@ -193,6 +200,7 @@ def test_the_places_where_null_validates_are_looked_at_and_nothing_else() -> Non
         _table(by_name={"x": Record(id=1, score=0.5, tags=[], manager=math.nan)}),  # type: ignore[arg-type]
         _table(rows=[RecordWithExtra(id=1, score=0.5, tags=[], extra=math.nan)]),
         _table(rows=None),  # not the schema's shape: scanned (and refused by validation)
+        _table(rows=Hiding([Record(id=1, score=0.5, tags=[], manager=math.nan)])),  # type: ignore[arg-type]
     ):
         assert not nulls_left_to_schema(changed, Table)
 

@@ -142,12 +142,13 @@ LARGE_TAMPERS = {
     "spaces": lambda data, other: data.replace(b",", b", ", 3),
     "another entry's bytes": lambda data, other: other,
     "truncated": lambda data, other: data[: len(data) // 2],
+    "broken JSON, same length": lambda data, other: data.replace(b'"name":"', b'"name":[', 1),
 }
 
 
 _BESIDE_CASES = [(8_000, name) for name in LARGE_TAMPERS] + [
     (40_000, name)
-    for name in ("a digit changed", "truncated")  # decoded in slices
+    for name in ("a digit changed", "broken JSON, same length")  # in slices
 ]
 
 

@@ -65,7 +65,7 @@ from ._paths import (
     prepare_root,
     sweep_temps,
 )
-from ._reads import NOT_INLINE, check_read, read_checked, read_inline
+from ._reads import NOT_INLINE, check_read, read_checked, read_inline, record_read
 from ._stepwise import Stored
 from ._turns import STEPS_SECONDS, cpu_turn, pace, storing
 from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_beside, decoded_value
@@ -302,6 +302,7 @@ class Store(Medium):
             else:
                 check = functools.partial(check_read, got, kind, key, self._key)
                 value = await decoded_beside(self._backend, data, schema, spans, check)
+                record_read(self.root, kind, key, now)
         except ValueError as exc:
             return Broken(detail=f"{kind} entry does not verify: {exc}")
         return Found(value=value)

@@ -33,6 +33,7 @@ __all__ = [
     "NOT_INLINE",
     "Read",
     "check_read",
+    "record_read",
     "read_checked",
     "read_inline",
 ]
@@ -89,8 +90,7 @@ def _read_checked(
             return data
         decoded = None
         if schema is not NOT_INLINE and len(data) > WHOLE_DECODE_BYTES:
-            index.record_use(kind, key, now)
-            return Read(row, data, checked=False)
+            return Read(row, data, checked=False)  # a use once checked (record_read)
         if (
             schema is not NOT_INLINE
             and len(data) >= DECODE_BESIDE_BYTES
@@ -123,6 +123,20 @@ def _read_untrusted(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes | str
         if exc.errno == errno.ELOOP:
             return f"{kind} entry is a symlink; refusing to follow it"
         raise
+
+
+def record_read(root: str, kind: Kind, key: str, now: float) -> None:
+    """On the event loop thread: the use of an entry read unchecked, once it checked.
+
+    Best-effort, as every read's: never a wait or a commit here (see ``Index.record_use``).
+    """
+    index = _index.acquire_now(root)
+    if index is None:
+        return
+    try:
+        index.record_use(kind, key, now, flush=False)
+    finally:
+        _index.release(index, close_idle=False)
 
 
 def check_read(read: Read, kind: Kind, key: str, secret: bytes) -> None:
