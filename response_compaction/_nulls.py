@@ -177,8 +177,8 @@ def _list_items(get: Callable[[Any], Any]) -> Callable[[Any], Iterable[Any]]:
 
     def items(value: Any) -> Iterable[Any]:
         found = get(value)
-        if type(found) not in (list, tuple):
-            raise TypeError
+        if type(found) not in (list, tuple) or len(found) > MAX_ITEMS:
+            raise TypeError  # (too many: looked at in one pass, they would hold the loop)
         return found  # type: ignore[no-any-return]
 
     return items
@@ -189,7 +189,7 @@ def _dict_values(get: Callable[[Any], Any]) -> Callable[[Any], Iterable[Any]]:
 
     def values(value: Any) -> Iterable[Any]:
         found = get(value)
-        if type(found) is not dict:
+        if type(found) is not dict or len(found) > MAX_ITEMS:
             raise TypeError
         return found.values()
 
@@ -213,18 +213,18 @@ def _record(node: Any) -> tuple[type, tuple[str, ...]] | None:
 
 
 def _records_finite(records: Iterable[Any], cls: type, optional: tuple[str, ...]) -> bool:
-    """Whether ``records`` are all ``cls`` instances whose optional fields hold no NaN."""
-    records = list(records)
-    if len(records) > MAX_ITEMS or not set(map(type, records)) <= {cls}:
+    """Whether ``records`` are all ``cls`` instances whose optional fields hold no NaN.
+
+    ``records``: a list, tuple or dict view (iterated more than once).
+    """
+    if not set(map(type, records)) <= {cls}:
         return False  # a subclass's extra fields would be skipped on decode: scan instead
     return all(_finite(map(operator.attrgetter(name), records)) for name in optional)
 
 
 def _finite(values: Iterable[Any]) -> bool:
     """Whether no value is a NaN or an infinity (one C-level pass when none is a float)."""
-    values = list(values)
-    if len(values) > MAX_ITEMS:
-        return False
+    values = list(values)  # as many as the records or items the caller bounded
     if set(map(type, values)) <= _NOT_FLOAT:
         return True
     return not any(isinstance(v, float) and not math.isfinite(v) for v in values)

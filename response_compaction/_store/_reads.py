@@ -33,9 +33,9 @@ __all__ = [
     "NOT_INLINE",
     "Read",
     "check_read",
-    "record_read",
     "read_checked",
     "read_inline",
+    "record_read",
 ]
 
 #: Entries up to this size are read on the event loop thread (see :func:`read_inline`).
