@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ __all__ = [
     "keys_may_merge",
     "merged_key_path",
     "refused",
+    "type_nodes",
 ]
 
 _SCALARS = (bool, int, bytes, bytearray, memoryview, msgspec.Raw, type(None))
@@ -161,6 +163,14 @@ def keys_may_merge(schema: Any) -> bool:
         root = mi.type_info(schema)
     except (TypeError, ValueError):
         return True
+    return any(
+        isinstance(node, mi.DictType) and not isinstance(node.key_type, mi.StrType | mi.AnyType)
+        for node in type_nodes(root)
+    )
+
+
+def type_nodes(root: Any) -> Iterator[Any]:
+    """Every node of a ``msgspec.inspect`` type tree, once each (a recursive schema too)."""
     seen: set[int] = set()
     stack: list[Any] = [root]
     while stack:
@@ -168,15 +178,13 @@ def keys_may_merge(schema: Any) -> bool:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, mi.DictType) and not isinstance(node.key_type, mi.StrType | mi.AnyType):
-            return True
+        yield node
         if isinstance(node, mi.Field):
             stack.append(node.type)
         elif isinstance(node, mi.Type):
             for name in node.__struct_fields__:
                 child = getattr(node, name)
                 stack.extend(child if isinstance(child, tuple) else (child,))
-    return False
 
 
 def merged_key_path(typed: Any, untyped: Any) -> str | None:

@@ -88,6 +88,21 @@ class FsyncLog:
             self.release.wait(10)
 
 
+async def _beside_a_held_fsync(
+    harness: rc.Harness, log: FsyncLog, first: Exact
+) -> tuple[rc.Compacted[Any, Any], list[tuple[int, int]]]:
+    """Compact ``first`` until ``log`` holds its fsync, then ``A`` beside it: A's result and
+    what was synced meanwhile; then let ``first`` finish."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(compact, harness, first)
+        await anyio.to_thread.run_sync(log.held.wait, 10)
+        synced_before = len(log.synced)
+        again = await compact(harness, A)
+        synced = log.synced[synced_before:]
+        log.release.set()
+    return again, synced
+
+
 def _identity(path: Path) -> tuple[int, int]:
     st = os.stat(path)
     return st.st_dev, st.st_ino
@@ -123,13 +138,7 @@ async def test_a_renewal_beside_a_publish_in_flight_syncs_its_directory(
     (entry_path(root, hex_of(other)).parent).mkdir(parents=True, exist_ok=True)
     with monkeypatch.context() as patch:
         patch.setattr(os, "fsync", log)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(compact, harness, other)
-            await anyio.to_thread.run_sync(log.held.wait, 10)
-            synced_before = len(log.synced)
-            again = await compact(harness, A)
-            renewal_synced = log.synced[synced_before:]
-            log.release.set()
+        again, renewal_synced = await _beside_a_held_fsync(harness, log, other)
         log.synced.clear()
         alone = await compact(harness, A)  # none in flight: its own entry needs no sync
     assert again.receipt.exact_cache == alone.receipt.exact_cache == "reused"
@@ -189,13 +198,7 @@ async def test_a_renewal_beside_another_renewal_in_flight_syncs_its_directory(
     log = FsyncLog(hold_dir_of=fan_out)
     with monkeypatch.context() as patch:
         patch.setattr(os, "fsync", log)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(compact, harness, A)
-            await anyio.to_thread.run_sync(log.held.wait, 10)
-            synced_before = len(log.synced)
-            again = await compact(harness, A)
-            second = log.synced[synced_before:]
-            log.release.set()
+        again, second = await _beside_a_held_fsync(harness, log, A)
     assert again.receipt.exact_cache == "reused"
     assert _identity(fan_out) in second
 

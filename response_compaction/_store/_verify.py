@@ -18,6 +18,7 @@ from .._canonical import Span, decode_exact
 from .._digest import digest_hex, matches
 from .._perf import paused_gc
 from .._pydantic import is_pydantic_schema
+from .._refusals import type_nodes
 from .._slices import Sign, decode_sliced, open_layout, seal_layout
 from ._aside import Aside
 from ._fileio import FileBackend
@@ -131,26 +132,15 @@ def decodes_plainly(schema: Any) -> bool:
     if is_pydantic_schema(schema):
         return False
     try:
-        stack: list[Any] = [mi.type_info(schema)]
+        root = mi.type_info(schema)
     except (TypeError, ValueError):
         return False
-    seen: set[int] = set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in type_nodes(root):
         if isinstance(node, mi.CustomType | mi.ExtType):
             return False
         cls = getattr(node, "cls", None)
         if any(hasattr(cls, hook) for hook in ("__post_init__", "__attrs_post_init__")):
             return False
-        if isinstance(node, mi.Field):
-            stack.append(node.type)
-        elif isinstance(node, mi.Type):
-            for name in node.__struct_fields__:
-                child = getattr(node, name)
-                stack.extend(child if isinstance(child, tuple) else (child,))
     return True
 
 
