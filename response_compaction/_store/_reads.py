@@ -56,13 +56,13 @@ class Read(NamedTuple):
 
 
 def read_checked(
-    root: str, kind: Kind, key: str, now: float, secret: bytes, schema: Any = NOT_INLINE
+    root: str, kind: Kind, key: str, now: float, secret: bytes, schema: Any
 ) -> Read | str | None:
     """Look ``key`` up, read its bytes and check them against what is trusted.
 
     None when there is no live row or the file is gone (a concurrent eviction); a string
-    saying what is wrong when the bytes cannot be trusted. With a ``schema``, an entry of
-    ``DECODE_BESIDE_BYTES`` up to ``WHOLE_DECODE_BYTES`` comes back decoded, and a larger one
+    saying what is wrong when the bytes cannot be trusted. An entry of ``DECODE_BESIDE_BYTES``
+    up to ``WHOLE_DECODE_BYTES`` comes back decoded against ``schema``, and a larger one
     unchecked (``checked=False``: the caller checks it beside its decode in slices, see
     ``_verify.decoded_beside``). The read is recorded as a use, best-effort (never waiting
     for the write lock).
@@ -89,13 +89,9 @@ def _read_checked(
         if not isinstance(data, bytes):
             return data
         decoded = None
-        if schema is not NOT_INLINE and len(data) > WHOLE_DECODE_BYTES:
+        if len(data) > WHOLE_DECODE_BYTES:
             return Read(row, data, checked=False)  # a use once checked (record_read)
-        if (
-            schema is not NOT_INLINE
-            and len(data) >= DECODE_BESIDE_BYTES
-            and decodes_plainly(schema)
-        ):
+        if len(data) >= DECODE_BESIDE_BYTES and decodes_plainly(schema):
             # In the read's hop, beside the hash (1 MB of short strings: the keyed hash took
             # 0.5 ms of a 4.4 ms read when it came first).
             decoding = decode_beside(data, schema)
