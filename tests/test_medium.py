@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import response_compaction as rc
 from response_compaction import _pool
 from response_compaction._canonical import PIECE_BYTES, Span, iter_canonical
 from response_compaction._digest import digest_hex
-from response_compaction._store._aside import let_go
+from response_compaction._store._aside import SLICE_ITEMS, free_in_slices, let_go
 from response_compaction._store._medium import MEDIUM_BYTES
 from response_compaction._store._turns import storing
 from response_compaction._store._verify import DECODE_BESIDE_BYTES, checked_decode, verify_path
@@ -279,6 +280,39 @@ def test_a_value_let_go_is_freed_in_a_helper_thread() -> None:
     assert done.wait(10)
     assert freed == [freed[0]]
     assert freed[0].startswith("response-compaction-drop")
+
+
+def test_a_sliced_free_frees_every_object_of_structs_lists_and_dicts() -> None:
+    """``free_in_slices`` takes structs apart and empties large lists and dicts slice by
+    slice: every object the tree held is gone at its end, the tree's root included."""
+    alive: list[int] = [0]
+
+    class Leaf:
+        def __init__(self) -> None:
+            alive[0] += 1
+
+        def __del__(self) -> None:
+            alive[0] -= 1
+
+    class Holder(msgspec.Struct, frozen=True, weakref=True):
+        items: list[Any]
+        named: dict[str, Any]
+        one: Any
+
+    count = SLICE_ITEMS * 3 + 7
+    root = Holder(
+        items=[Leaf() for _ in range(count)] + [[Leaf(), {"x": Leaf()}]],
+        named={f"k{i}": Leaf() for i in range(count)},
+        one=Leaf(),
+    )
+    watch = weakref.ref(root)
+    stack: list[Any] = [root, [Leaf() for _ in range(5)]]
+    del root
+    assert alive[0] == 2 * count + 8
+    free_in_slices(stack)
+    assert stack == []
+    assert alive[0] == 0
+    assert watch() is None
 
 
 def test_a_worker_verification_hands_its_value_out_to_free_after_the_reply(

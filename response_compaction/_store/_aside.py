@@ -21,10 +21,13 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["MAX_THREADS", "Aside", "begun", "executor", "fsync", "let_go"]
+import msgspec
+
+__all__ = ["MAX_THREADS", "Aside", "begun", "executor", "free_in_slices", "fsync", "let_go"]
 
 T = TypeVar("T")
 
@@ -134,12 +137,45 @@ def let_go(values: list[Any]) -> None:
     """Free the items of ``values`` (emptied here) in a helper thread, off the caller's path.
 
     Freeing a decoded tree nobody wants (the read-back of a verified value) takes about a
-    fifth as long as its decode (0.7-0.8 ms for 1 MB of rows or short strings): work that
-    need not delay the receipt. The items move out of the caller's list, so the job holds the
-    only references the caller had, and they die when the helper clears it. Where no helper
-    can be had, they are freed here.
+    fifth as long as its decode (0.5 ms for 1 MB of short strings or rows): work that need not
+    delay the receipt. The items move out of the caller's list, so the job holds the only
+    references the caller had, and they die in the helper, a slice at a time (see
+    :func:`free_in_slices`). Where no helper can be had, they are freed here.
     """
     job = values.copy()
     values.clear()
     with contextlib.suppress(RuntimeError):  # shutting down, or no thread can be started
-        executor("drop").submit(job.clear)
+        executor("drop").submit(free_in_slices, job)
+
+
+#: Items of one list or dict freed at a time by :func:`free_in_slices`, then a pause.
+SLICE_ITEMS = 1024
+#: The pause: long enough for a thread waiting for the GIL to wake and take it.
+SLICE_PAUSE = 100e-6
+
+
+def free_in_slices(stack: list[Any]) -> None:
+    """Free everything on ``stack`` (emptied), pausing between slices.
+
+    Freeing a tree is one C call that holds the GIL until the last object is gone: a helper
+    freeing 1 MB of strings beside the caller's return held the event loop's thread for the
+    whole 0.5 ms (1 MB compaction of strings: 1.19x the floor, against 1.12x for the same call
+    returning the value). Here a struct is taken apart into its fields and a large list or dict
+    is emptied ``SLICE_ITEMS`` at a time, with a sleep between slices in which a waiting thread
+    takes the GIL. Only those are split: anything else, and every smaller container, dies whole.
+    """
+    while stack:
+        node = stack.pop()
+        if isinstance(node, msgspec.Struct):
+            stack.extend(getattr(node, name) for name in node.__struct_fields__)
+        elif isinstance(node, list):
+            while len(node) > SLICE_ITEMS:
+                del node[-SLICE_ITEMS:]
+                time.sleep(SLICE_PAUSE)
+        elif isinstance(node, dict):
+            while len(node) > SLICE_ITEMS:
+                for _ in range(SLICE_ITEMS):
+                    node.popitem()
+                time.sleep(SLICE_PAUSE)
+        del node  # what is left of it dies here
+        time.sleep(SLICE_PAUSE)
