@@ -190,6 +190,20 @@ class SuiteBase:
         self.log(f"  {result.section:<22} {result.op:<44} {result.loop:<7} {timing}{freeze}")
         return result
 
+    def add_floors(
+        self, section: str, first: int, floors: dict[str, dict[str, list[float]]]
+    ) -> None:
+        """The floor rows of ``section``: each pass's own (``floors[backend][op]``), after
+        the pooled ones, which head the section at ``first`` (what the peers are held to)."""
+        ops = list(next(iter(floors.values())))
+        for n, op in enumerate(ops):
+            pooled = [t for times in floors.values() for t in times[op]]
+            self.results.insert(first + n, Result(section, op, "-", pooled))
+            self.log(f"  {section:<22} {op:<44} -       min {min(pooled) * 1000:.2f} ms")
+        for backend, times in floors.items():
+            for op in ops:
+                self.add(Result(section, op, backend, times[op]))
+
     def find(self, section: str, op: str, loop: str) -> Result | None:
         for result in self.results:
             if (result.section, result.op, result.loop) == (section, op, loop):
@@ -202,7 +216,13 @@ class SuiteBase:
             for attr, ref_op in (("vs_floor", result.floor), ("vs_peer", result.peer)):
                 if ref_op is None or not result.times:
                     continue
-                ref = self.find(result.section, ref_op, "-")
+                # The floor timed in the same pass (alternating with this row's steps) if
+                # there is one: the pooled one's min, over twice the samples and the drift of
+                # both passes, ran 5-10% below either pass's own (ratios of the second pass
+                # rose by as much, whichever loop ran second).
+                ref = self.find(result.section, ref_op, result.loop) or self.find(
+                    result.section, ref_op, "-"
+                )
                 if ref is not None and ref.times:
                     setattr(result, attr, result.best / ref.best)
 

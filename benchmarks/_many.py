@@ -70,11 +70,10 @@ class ManyValues(SuiteBase):
             cache.close()
         self.add(Result(section, _DC_SET, "-", sets, floor=_PUT))
         self.add(Result(section, _DC_GET, "-", gets, floor=_READ))
-        floors: dict[str, list[float]] = {_PUT: [], _READ: []}
+        floors: dict[str, dict[str, list[float]]] = {b: {_PUT: [], _READ: []} for b in BACKENDS}
         for backend in BACKENDS:
-            anyio.run(self._async_small, section, values, floors, backend=backend)
-        for n, op in enumerate((_PUT, _READ)):
-            self.results.insert(first + n, Result(section, op, "-", floors[op]))
+            anyio.run(self._async_small, section, values, floors[backend], backend=backend)
+        self.add_floors(section, first, floors)
 
     async def _async_small(
         self, section: str, values: list[Rows], floors: dict[str, list[float]], /

@@ -24,6 +24,9 @@ CAVEATS = (
     " decodes; with the GC on, a big typed decode costs about 3x more.",
     "diskcache stores the canonical bytes as given (no encode, decode, digest or fsync); the"
     " json peer does no fsync and no check. They do less work than the contract asks.",
+    "vs floor: against the floor timed in the same pass (same loop, alternating with the"
+    " library's steps); the floor rows marked '-' pool both passes (the peers are held to them),"
+    " and their min runs a few percent below either pass's own.",
     "Min of few repeats is reported (median beside it); freeze figures come from one separate"
     " run with the heartbeat beside the operation, and the heartbeat itself adds a little load.",
 )

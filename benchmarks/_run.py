@@ -67,15 +67,15 @@ class Suite(ManyValues):
         repeats = self.plan.repeats(workload.size)
         first = len(self.results)
         self._peers_big(section, workload, repeats)
-        floors: dict[str, list[float]] = {_PUT: [], _READ: []}
+        floors: dict[str, dict[str, list[float]]] = {b: {_PUT: [], _READ: []} for b in BACKENDS}
         where = ("", "")
         for backend in BACKENDS:
-            where = anyio.run(self._async_big, section, workload, repeats, floors, backend=backend)
+            where = anyio.run(
+                self._async_big, section, workload, repeats, floors[backend], backend=backend
+            )
         # The floor was timed inside each backend's run, alternating with the library's steps,
-        # so drift on a shared machine hits both alike; it heads its section.
-        for n, op in enumerate((_PUT, _READ)):
-            self.results.insert(first + n, Result(section, op, "-", floors[op]))
-            self.log(f"  {section:<22} {op:<44} -       min {min(floors[op]) * 1000:.2f} ms")
+        # so drift on a shared machine hits both alike.
+        self.add_floors(section, first, floors)
         if workload.size >= self.plan.memory_min_bytes and shape in self.plan.memory_shapes:
             self._memory_big(section, workload, where)
         del workload
