@@ -8,6 +8,7 @@ the receipt; a value that does not validate, or a cancelled call, leaves no temp
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 import threading
@@ -309,10 +310,32 @@ def test_a_sliced_free_frees_every_object_of_structs_lists_and_dicts() -> None:
     stack: list[Any] = [root, [Leaf() for _ in range(5)]]
     del root
     assert alive[0] == 2 * count + 8
-    free_in_slices(stack)
+    alive_at_start = alive[0]
+    seen: list[int] = []  # how many were alive at each pause
+    free_in_slices(stack, lambda _: seen.append(alive[0]))
     assert stack == []
     assert alive[0] == 0
     assert watch() is None
+    # Slice by slice: the list's and the dict's leaves went at most SLICE_ITEMS at a time.
+    assert len(seen) >= 6
+    assert all(
+        0 <= a - b <= SLICE_ITEMS + 2 for a, b in itertools.pairwise([alive_at_start, *seen])
+    )
+
+
+def test_a_sliced_free_lets_go_of_a_container_someone_else_holds_without_emptying_it() -> None:
+    """A list or dict the tree shares with the caller (a ``default_factory`` handing out one
+    of the caller's, say) is let go of whole: only containers nobody else holds are emptied."""
+    kept_list = list(range(SLICE_ITEMS * 2 + 1))
+    kept_dict = {f"k{i}": i for i in range(SLICE_ITEMS * 2 + 1)}
+
+    class Holder(msgspec.Struct, frozen=True):
+        items: list[int]
+        named: dict[str, int]
+
+    free_in_slices([Holder(items=kept_list, named=kept_dict), [kept_list, kept_dict]])
+    assert kept_list == list(range(SLICE_ITEMS * 2 + 1))
+    assert kept_dict == {f"k{i}": i for i in range(SLICE_ITEMS * 2 + 1)}
 
 
 def test_a_worker_verification_hands_its_value_out_to_free_after_the_reply(
