@@ -246,12 +246,18 @@ async def _decode_cut(
     if cut.span.mapping:
         members: dict[str, Any] = {}
         for a, b in cut.span.slices:
-            members.update(decoder.decode(b"".join((b"{", view[a:b], b"}"))))
+            decoded = decoder.decode(b"".join((b"{", view[a:b], b"}")))
+            # Growing the whole is a step of its own: at 345k keys a dict's resize, at 2.7M
+            # items a list's copy, took 12-15 ms in one C call, beside a 4 ms slice decode.
+            await checkpoint()
+            members.update(decoded)
             await checkpoint()
         return members
     collected: list[Any] = []
     for a, b in cut.span.slices:
-        collected.extend(decoder.decode(b"".join((b"[", view[a:b], b"]"))))
+        items = decoder.decode(b"".join((b"[", view[a:b], b"]")))
+        await checkpoint()  # as above
+        collected.extend(items)
         await checkpoint()
     return collected
 

@@ -24,7 +24,7 @@ from response_compaction._canonical import iter_canonical
 from response_compaction._digest import digest_hex
 from response_compaction._store import open_store
 from response_compaction._store._medium import _check_reply
-from response_compaction._store._turns import cpu_turn
+from response_compaction._store._turns import cpu_turn, next_turn
 from tests._store_support import (
     TEST_KEY,
     canonical,
@@ -79,6 +79,37 @@ async def test_a_medium_value_is_gathered_before_tasks_queued_behind_it_take_a_t
     assert events.count("other") == 3
     assert events.index("end") < events.index("other")
     assert temp_files(store_root(workspace)) == []
+
+
+async def test_a_task_whose_timer_fell_due_during_a_step_runs_before_the_next_step() -> None:
+    """Between two CPU steps (slices of a large read) a sleeper whose deadline passed runs.
+
+    asyncio runs a due timer's callback behind the task already queued, and the task it wakes
+    one pass later still: with one checkpoint between steps a 1 ms heartbeat waited for two
+    more 4 ms slices (90 MB of strings read back froze it 28-44 ms; 15-25 with three).
+    """
+    order: list[str] = []
+    asleep = anyio.Event()
+
+    async def sleeper() -> None:
+        asleep.set()
+        await anyio.sleep(0.001)
+        order.append("woke")
+
+    async def stepper() -> None:
+        await asleep.wait()
+        began = anyio.current_time()
+        async with cpu_turn():
+            while anyio.current_time() < began + 0.005:  # a step that outlasts the deadline
+                pass
+            order.append("step 0")
+            await next_turn()
+            order.append("step 1")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sleeper)
+        tg.start_soon(stepper)
+    assert order == ["step 0", "woke", "step 1"]
 
 
 async def test_a_worker_hashes_what_it_reads_back_without_a_thread_here(tmp_path: Path) -> None:
