@@ -363,6 +363,39 @@ def test_chunked_non_str_keys_match_whole() -> None:
     assert whole.startswith(b'[{"by_id":{"0":"n"},"weights":{}},{"by_id":{"-1":"n","1":"1"}')
 
 
+#: Over two runs of keys checked apart (a step of the loop between two runs).
+MANY_KEYS = 140_000
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_large_dict_is_checked_in_runs_and_encodes_as_one_sorted_encoding(
+    in_order: bool,
+) -> None:
+    """A dict of many keys, in code point order or in none, encodes as msgspec's whole does.
+
+    Its keys are checked a run at a time, each run a piece of its own (empty: a step of the
+    loop, nothing written), before the object opens.
+    """
+    keys = [f"k{i:06d}" for i in range(MANY_KEYS)]
+    if not in_order:
+        keys.reverse()
+        keys[0], keys[MANY_KEYS // 2] = keys[MANY_KEYS // 2], keys[0]
+    value = {key: i for i, key in enumerate(keys)}
+    pieces = [bytes(p) for p in iter_canonical(value)]
+    assert b"".join(pieces) == msgspec.json.encode(value, order="sorted")
+    assert pieces[: pieces.index(b"{")] == [b""] * (MANY_KEYS // (1 << 16))
+
+
+def test_a_non_str_key_in_a_late_run_encodes_the_dict_whole() -> None:
+    """An int key past the first run of a large dict: the whole dict as msgspec writes it."""
+    value: dict[Any, int] = {f"k{i:06d}": i for i in range(MANY_KEYS)}
+    value[7] = 7
+    whole = msgspec.json.encode(msgspec.to_builtins(value, str_keys=True, order="sorted"))
+    pieces = [bytes(p) for p in iter_canonical(value)]
+    assert b"".join(pieces) == whole
+    assert pieces[-1] == whole  # in one piece, after a step per run of keys checked
+
+
 def test_to_exact_value_reports_msgspec_message() -> None:
     """The ValueError carries msgspec's own message naming the path that failed."""
     with pytest.raises(ValueError, match=r"\$\.total"):
