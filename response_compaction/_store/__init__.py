@@ -53,6 +53,7 @@ from .._models import Broken, Found, Missing
 from .._slices import decode_layout
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
+from ._hit import renew_inline
 from ._key import KEY_NAME, load_key, read_key
 from ._medium import MEDIUM_BYTES, Medium
 from ._oneshot import SMALL_BYTES, put_small
@@ -253,17 +254,22 @@ class Store(Medium):
         max_entries: int,
         want_value_up_to: int,
     ) -> Stored:
-        """One hop: reuse a live intact entry, or write, verify and publish ``data``."""
+        """At most one hop: reuse a live intact entry, or write, verify and publish ``data``."""
         hex_digest = digest_hex(self._key, data)
         key = key or hex_digest
         now = self.clock()
         row = self._new_row(kind, key, hex_digest, len(data), now + ttl_seconds, layout)
         temp_name = f"{secrets.token_hex(12)}.tmp"
         with map_errors(f"could not retain the {kind} value"):
-            done = await self._patiently(
-                put_small, self.root, temp_name, kind, key, data, hex_digest, row, schema, now,
-                self._key, max_entries,
-            )  # fmt: skip
+            # A hit renewed on the loop when nothing there waits (_hit), else one hop.
+            done = renew_inline(self.root, kind, key, data, row, schema, now, max_entries)
+            if done is None or done is NOT_INLINE:
+                done = await self._patiently(
+                    put_small, self.root, temp_name, kind, key, data, hex_digest, row, schema,
+                    now, self._key, max_entries, done is NOT_INLINE,
+                )  # fmt: skip
+            else:
+                await pace()  # also the cancellation point, as after a read served inline
         value = done.value if row.size <= want_value_up_to else None
         return Stored(hex_digest=hex_digest, size=row.size, reused=done.reused, value=value)
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from ._aside import Aside, fsync
 from ._clocks import writer_id
-from ._index import Index, Row, Transaction
+from ._index import Index, IndexBusy, Row, Transaction
 from ._paths import KINDS, Kind
 from ._tree import Dirs
 
@@ -25,6 +25,7 @@ __all__ = [
     "publish_all",
     "remove_entry",
     "renew",
+    "renew_on_loop",
 ]
 
 #: Expired rows deleted per commit, so one write never pays for a long-idle store's backlog.
@@ -194,6 +195,38 @@ def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries:
             _evict(tx, dirs, kind, key, now, max_entries)
         if not _names_on_disk(previous):
             _synced(lambda: fsync(dirs.fanout(kind, key)))
+    return True
+
+
+class _Declined(Exception):  # noqa: N818 - rolls a renewal on the loop back, not an error
+    pass
+
+
+def renew_on_loop(
+    index: Index, kind: Kind, key: str, row: Row, now: float, bound: int
+) -> bool | None:
+    """:func:`renew` on the event loop thread, or None (nothing done) when that would block.
+
+    It would when the lock is busy or the commit would fsync (``Index.transaction``), when
+    the name must be synced first (another writer's, or one of ours still being synced), or
+    when rows are to be evicted (their files unlinked): the worker thread's :func:`renew`
+    does all of that.
+    """
+    try:
+        with _naming_entries(), index.transaction(on_loop=True) as tx:
+            return _renew_here(tx, kind, key, row, now, bound)
+    except (_Declined, IndexBusy):
+        return None
+
+
+def _renew_here(tx: Transaction, kind: Kind, key: str, row: Row, now: float, bound: int) -> bool:
+    tx.saw(now)
+    if not _names_on_disk(tx.writer_of(kind, key)):
+        raise _Declined
+    if not tx.renew(kind, key, row, now):
+        return False
+    if tx.victims((kind,), now, bound, keep=key, expired_limit=EXPIRED_PER_COMMIT):
+        raise _Declined
     return True
 
 

@@ -48,6 +48,7 @@ from ._tx import (
     entry_of,
     number,
 )
+from ._wal import NOT_DURABLE, ON_LOOP, WalIndex
 
 __all__ = [
     "BUSY_MS",
@@ -70,6 +71,8 @@ MAX_IDLE_INDEXES = 8
 _MAX_PENDING_USES = 4096
 #: Uses recorded by reads are written at most this often (and with every write before that).
 USE_FLUSH_SECONDS = 1.0
+#: A commit on the event loop thread writes at most this many of them (each a few frames).
+_LOOP_USES = 16
 
 
 class IndexReplacedError(StoreError):
@@ -86,6 +89,7 @@ class Index:
         self._read_lock = threading.Lock()
         self._pending: dict[tuple[Kind, str], float] = {}
         self._next_flush = 0.0
+        self._wal = WalIndex(root)
         path = os.path.join(root, "index.sqlite3")
         own_files(path)
         try:
@@ -125,13 +129,17 @@ class Index:
             )
 
     @contextlib.contextmanager
-    def transaction(self, *, durable: bool = True) -> Iterator[Transaction]:
+    def transaction(self, *, durable: bool = True, on_loop: bool = False) -> Iterator[Transaction]:
         """Hold the write lock; commit on success, roll back on any exception.
 
         ``durable=False`` commits without syncing the WAL (``synchronous=NORMAL`` for this
         transaction only): a crash may lose it, never tear it, and the next durable commit of
         any connection makes it durable too (the WAL is synced as a whole, in order). Only for
         changes whose loss is harmless (see ``_commit.renew``).
+
+        ``on_loop=True`` (the event loop thread): not durable, and never a wait or an fsync:
+        :class:`IndexBusy` at once if the lock is held anywhere, more than a few uses wait to
+        be written, or the commit would sync the log (``_wal``); its COMMIT never checkpoints.
 
         Raises :class:`IndexBusy` (before anything was done) when the lock is not free, and
         :class:`IndexReplacedError` when ``index.sqlite3`` is no longer the file this
@@ -140,17 +148,16 @@ class Index:
         """
         if self.read_only:
             raise sqlite3.OperationalError("the store index is on a read-only file system")
-        if not self._lock.acquire(timeout=BUSY_MS / 1000):
+        if on_loop:
+            if len(self._pending) > _LOOP_USES or not self._lock.acquire(blocking=False):
+                raise IndexBusy
+        elif not self._lock.acquire(timeout=BUSY_MS / 1000):
             raise IndexBusy
+        settings = ON_LOOP if on_loop else ((), ()) if durable else NOT_DURABLE
         try:
-            if not durable:
-                self._conn.execute("PRAGMA synchronous=NORMAL")
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                if busy(exc):
-                    raise IndexBusy from exc
-                raise
+            for statement in settings[0]:
+                self._conn.execute(statement)
+            self._begin(on_loop)
             try:
                 self._check_current()
                 tx = Transaction(self._conn)
@@ -168,10 +175,21 @@ class Index:
                 raise
         finally:
             try:
-                if not durable:
-                    self._conn.execute("PRAGMA synchronous=FULL")
+                for statement in settings[1]:
+                    self._conn.execute(statement)
             finally:
                 self._lock.release()
+
+    def _begin(self, on_loop: bool) -> None:
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if busy(exc):
+                raise IndexBusy from exc
+            raise
+        if on_loop and not self._wal.appends_unsynced():  # read under the lock (see _wal)
+            self._conn.execute("ROLLBACK")
+            raise IndexBusy
 
     def _flush_uses(self, tx: Transaction) -> None:
         pending, self._pending = self._pending, {}
@@ -286,6 +304,7 @@ class Index:
         if self._reader is not self._conn:
             self._reader.close()
         self._conn.close()
+        self._wal.close()
 
 
 class _Slot:

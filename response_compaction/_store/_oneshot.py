@@ -46,6 +46,8 @@ __all__ = [
     "read_entry",
     "read_regular",
     "renew_intact",
+    "renewable",
+    "stored_as",
     "write_fully",
 ]
 
@@ -75,21 +77,25 @@ def put_small(
     now: float,
     store_key: bytes,
     max_entries: int,
+    renew: bool = True,
 ) -> Put:
     """Store ``data`` (whose keyed digest is ``hex_digest``) as ``key``, verified, in one call.
 
     An entry already live under ``key`` with the same digest, whose bytes on disk are intact and
     validate, is not rewritten: its TTL is renewed. Anything else (absent, expired, tampered,
-    evicted meanwhile) is written afresh. Raises ``ValueError`` if the bytes do not validate.
+    evicted meanwhile) is written afresh. ``renew=False``: the caller just found nothing to
+    renew (``_hit``), so it is written without looking again. Raises ``ValueError`` if the
+    bytes do not validate.
     """
     with tree(root) as dirs:  # first: a removed root is made again before the index opens
         with map_errors(INDEX_ERRORS):
             index = _index.acquire(root)
         try:
-            renewed = _renew_if_intact(index, dirs, kind, key, (data,), row, schema, now,
-                                       max_entries)  # fmt: skip
-            if renewed is not None:
-                return renewed
+            if renew:
+                renewed = _renew_if_intact(index, dirs, kind, key, (data,), row, schema, now,
+                                           max_entries)  # fmt: skip
+                if renewed is not None:
+                    return renewed
             return _write_new(
                 index, dirs.tmp, temp_name, kind, key, data, (hex_digest, store_key), row,
                 schema, now, max_entries,
@@ -131,22 +137,40 @@ def _renew_if_intact(
             existing = index.lookup(kind, key, now, writer=True)
     except CorruptRowError:
         return None  # the fresh write's upsert replaces the row
-    if existing is None or existing.expires_at <= max(now, existing.attested):
+    if not renewable(existing, row, now):
         return None
-    if existing.digest != row.digest or existing.size != row.size:
-        return None
-    try:
-        on_disk = read_entry(dirs, kind, key, row.size)  # a planted huge file: one byte more
-    except OSError:
-        return None  # gone, or not a regular file: write it afresh
-    # Equal bytes hash to the digest computed from ``pieces``; the row's digest (the same seal
-    # as ``row``'s) only said where to look.
-    if not _same_bytes(on_disk, pieces):
+    on_disk = stored_as(dirs, kind, key, pieces, row.size)
+    if on_disk is None:
         return None
     value = decode_exact(on_disk, schema)  # ValueError: the value does not validate
     with map_errors(f"could not renew the {kind} value in the store index"):
         renewed = renew(index, kind, key, row, now, max_entries)
     return Put(reused=True, value=value) if renewed else None
+
+
+def renewable(existing: Row | None, row: Row, now: float) -> bool:
+    """Whether ``existing`` is live (by every clock witnessed) with ``row``'s digest and size."""
+    return (
+        existing is not None
+        and existing.expires_at > max(now, existing.attested)
+        and existing.digest == row.digest
+        and existing.size == row.size
+    )
+
+
+def stored_as(
+    dirs: Tree, kind: Kind, key: str, pieces: Sequence[bytes | memoryview], size: int
+) -> bytes | None:
+    """The entry's bytes if they are ``pieces``; None if they differ, are gone or not a file.
+
+    Equal bytes hash to the digest computed from ``pieces``: the row's digest (the same seal
+    as the new row's) only said where to look.
+    """
+    try:
+        on_disk = read_entry(dirs, kind, key, size)  # a planted huge file: one byte more
+    except OSError:
+        return None
+    return on_disk if _same_bytes(on_disk, pieces) else None
 
 
 def _same_bytes(data: bytes, pieces: Sequence[bytes | memoryview]) -> bool:

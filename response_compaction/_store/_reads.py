@@ -192,7 +192,7 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
             problem = _problem(data, kind, key, row.digest, secret)
             if problem is not None:
                 return problem
-            index.record_use(kind, key, now, flush=False)  # a commit never runs on the loop
+            index.record_use(kind, key, now, flush=False)  # a batch is written off the loop
     finally:
         _index.release(index, close_idle=False)
     return data if data is None or isinstance(data, str) else Read(row, data)
