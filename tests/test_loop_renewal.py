@@ -57,9 +57,11 @@ def _settings(root: Path) -> tuple[object, ...]:
         _index.release(index)
 
 
-def _checkpoint_as_another_process(root: Path) -> None:
+def _checkpoint_as_another_process(root: Path, mode: str) -> None:
     with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as other:
-        assert other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        busy, frames, copied = other.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+    assert busy == 0
+    assert frames == copied  # every frame copied: the next commit starts the log afresh
 
 
 pytestmark = pytest.mark.anyio
@@ -83,11 +85,14 @@ async def test_a_hit_commits_on_the_loop_unsynced_and_without_a_checkpoint(
     assert found == rc.Found(value=A)
 
 
-async def test_a_hit_after_a_full_checkpoint_commits_in_a_worker(harness: rc.Harness) -> None:
+@pytest.mark.parametrize("mode", ["PASSIVE", "TRUNCATE"])
+async def test_a_hit_after_a_full_checkpoint_commits_in_a_worker(
+    harness: rc.Harness, mode: str
+) -> None:
     """The first commit after a checkpoint restarts the log and syncs its header: not here."""
     await compact(harness, A)
     root = store_root(harness.fs)
-    _checkpoint_as_another_process(root)
+    _checkpoint_as_another_process(root, mode)
     with loop_statements(harness) as on_loop:
         assert (await compact(harness, A)).receipt.exact_cache == "reused"
     assert "COMMIT" not in on_loop
@@ -150,6 +155,34 @@ async def test_a_renewal_on_the_loop_never_waits_for_another_process(
     finally:
         _index.release(index)
     assert _settings(root) == (2, 20, CHECKPOINT_FRAMES)
+
+
+def _delete_then_fail(index: _index.Index, key: str) -> None:
+    with index.transaction(on_loop=True) as tx:
+        tx.delete("exact", key)
+        raise KeyError("injected")
+
+
+async def test_a_failure_inside_a_transaction_on_the_loop_leaves_the_index_as_it_was(
+    harness: rc.Harness, clock: FakeClock
+) -> None:
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    index = _index.acquire(str(root))
+    try:
+        before = index.lookup("exact", hex_of(A), clock())
+        with pytest.raises(KeyError):
+            _delete_then_fail(index, hex_of(A))
+        assert not index._conn.in_transaction
+        assert index.lookup("exact", hex_of(A), clock()) == before  # rolled back
+        with index.transaction():  # the lock was let go
+            pass
+    finally:
+        _index.release(index)
+    assert _settings(root) == (2, 20, CHECKPOINT_FRAMES)
+    with contextlib.closing(sqlite3.connect(root / "index.sqlite3", timeout=0)) as other:
+        other.execute("BEGIN IMMEDIATE")  # SQLite's write lock is free too
+        other.execute("ROLLBACK")
 
 
 def _frames(shm: Path) -> tuple[int, int]:

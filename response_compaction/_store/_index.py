@@ -48,7 +48,7 @@ from ._tx import (
     entry_of,
     number,
 )
-from ._wal import NOT_DURABLE, ON_LOOP, WalIndex
+from ._wal import SETTLED, WalIndex, settings
 
 __all__ = [
     "BUSY_MS",
@@ -90,6 +90,7 @@ class Index:
         self._pending: dict[tuple[Kind, str], float] = {}
         self._next_flush = 0.0
         self._wal = WalIndex(root)
+        self._unsettled = False  # True: the write connection's settings are not the defaults
         path = os.path.join(root, "index.sqlite3")
         own_files(path)
         try:
@@ -129,17 +130,20 @@ class Index:
             )
 
     @contextlib.contextmanager
-    def transaction(self, *, durable: bool = True, on_loop: bool = False) -> Iterator[Transaction]:
+    def transaction(
+        self, *, durable: bool = True, wait: bool = True, on_loop: bool = False
+    ) -> Iterator[Transaction]:
         """Hold the write lock; commit on success, roll back on any exception.
 
         ``durable=False`` commits without syncing the WAL (``synchronous=NORMAL`` for this
         transaction only): a crash may lose it, never tear it, and the next durable commit of
         any connection makes it durable too (the WAL is synced as a whole, in order). Only for
-        changes whose loss is harmless (see ``_commit.renew``).
+        changes whose loss is harmless (see ``_commit.renew``). ``wait=False``: never waits
+        for a lock, here or in SQLite (:class:`IndexBusy` at once).
 
-        ``on_loop=True`` (the event loop thread): not durable, and never a wait or an fsync:
-        :class:`IndexBusy` at once if the lock is held anywhere, more than a few uses wait to
-        be written, or the commit would sync the log (``_wal``); its COMMIT never checkpoints.
+        ``on_loop=True`` (the event loop thread): neither durable nor waiting, and never an
+        fsync: :class:`IndexBusy` if more than a few uses wait to be written or the commit
+        would sync the log (``_wal``); its COMMIT never checkpoints.
 
         Raises :class:`IndexBusy` (before anything was done) when the lock is not free, and
         :class:`IndexReplacedError` when ``index.sqlite3`` is no longer the file this
@@ -148,18 +152,20 @@ class Index:
         """
         if self.read_only:
             raise sqlite3.OperationalError("the store index is on a read-only file system")
-        if on_loop:
-            if len(self._pending) > _LOOP_USES or not self._lock.acquire(blocking=False):
-                raise IndexBusy
-        elif not self._lock.acquire(timeout=BUSY_MS / 1000):
+        wait = wait and not on_loop
+        before, after = settings(durable=durable and not on_loop, wait=wait, checkpoint=not on_loop)
+        if on_loop and len(self._pending) > _LOOP_USES:
             raise IndexBusy
-        settings = ON_LOOP if on_loop else ((), ()) if durable else NOT_DURABLE
+        if not self._lock.acquire(timeout=BUSY_MS / 1000 if wait else 0):
+            raise IndexBusy
         try:
-            for statement in settings[0]:
-                self._conn.execute(statement)
-            self._begin(on_loop)
+            self._set(SETTLED if self._unsettled else ())  # set back what could not be
+            self._set(before)
+            self._begin()
             try:
                 self._check_current()
+                if on_loop:
+                    self._check_unsynced()
                 tx = Transaction(self._conn)
                 self._flush_uses(tx)
                 yield tx
@@ -174,26 +180,41 @@ class Index:
                         self._conn.execute("ROLLBACK")
                 raise
         finally:
-            try:
-                for statement in settings[1]:
-                    self._conn.execute(statement)
-            finally:
-                self._lock.release()
+            self._set_back(after)
 
-    def _begin(self, on_loop: bool) -> None:
+    def _set(self, statements: tuple[str, ...]) -> None:
+        self._unsettled = True  # until every one has run
+        for statement in statements:
+            self._conn.execute(statement)
+        self._unsettled = False
+
+    def _set_back(self, statements: tuple[str, ...]) -> None:
+        """Undo a transaction's settings and let go of the lock, whatever failed before."""
+        try:
+            if self._conn.in_transaction:  # its ROLLBACK failed; no setting changes inside one
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
+            self._set(statements)
+        finally:
+            self._lock.release()
+
+    def _begin(self) -> None:
         try:
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if busy(exc):
                 raise IndexBusy from exc
             raise
-        if on_loop and not self._wal.appends_unsynced():  # read under the lock (see _wal)
-            self._conn.execute("ROLLBACK")
+
+    def _check_unsynced(self) -> None:
+        if not self._wal.appends_unsynced():  # read under the lock (see _wal)
             raise IndexBusy
 
     def _flush_uses(self, tx: Transaction) -> None:
         pending, self._pending = self._pending, {}
-        for (kind, key), when in pending.items():
+        # A copy made in one step: a worker's record_use may still add to ``pending`` (that
+        # use is lost: best-effort), and iterating a dict that grows raises.
+        for (kind, key), when in list(pending.items()):
             tx.touch(kind, key, when)
 
     def flush_due(self) -> bool:
@@ -215,29 +236,13 @@ class Index:
         # Batched: a commit (and its WAL fsync) per read cost ten times the read itself. Uses
         # go out with this process's next write, or here at most every USE_FLUSH_SECONDS.
         due = time.monotonic()
-        if not flush or due < self._next_flush or not self._lock.acquire(blocking=False):
+        if not flush or due < self._next_flush:
             return
-        self._next_flush = due + USE_FLUSH_SECONDS
-        try:
-            self._conn.execute("PRAGMA busy_timeout = 0")
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    tx = Transaction(self._conn)
-                    self._flush_uses(tx)
-                    tx.saw(now)
-                    tx.finish()
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
-                    raise
-            finally:
-                self._conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
-        except (sqlite3.Error, OSError):
-            pass  # busy, full or read-only: the use is kept for the next write, or lost
-        finally:
-            self._lock.release()
+        # Busy, full or read-only: the uses are kept for the next write, or lost.
+        quietly = contextlib.suppress(IndexBusy, sqlite3.Error, OSError)
+        with quietly, self.transaction(wait=False) as tx:
+            self._next_flush = due + USE_FLUSH_SECONDS
+            tx.saw(now)
 
     def _read(
         self, sql: str, args: Any = (), *, wait: bool = True, writer: bool = False

@@ -18,6 +18,7 @@ from ._paths import fsync_parent
 
 __all__ = [
     "BUSY_MS",
+    "CHECKPOINT_FRAMES",
     "READONLY_CODES",
     "IndexBusy",
     "busy",
@@ -29,6 +30,8 @@ __all__ = [
 
 #: The longest a worker thread waits inside SQLite for a lock before giving the event loop back.
 BUSY_MS = 20
+#: The log's frames at which a commit checkpoints it (``wal_autocheckpoint``, set at connect).
+CHECKPOINT_FRAMES = 1000
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 READONLY_CODES = frozenset({8, 14})  # SQLITE_READONLY, SQLITE_CANTOPEN
@@ -116,6 +119,7 @@ def connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
         # The data file and its directory are fsynced; FULL makes the row as durable.
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_FRAMES}")
         if (
             schema
             and not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (_LAST,)).fetchone()

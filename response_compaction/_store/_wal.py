@@ -23,32 +23,36 @@ import os
 import stat
 import sys
 
-from ._sqlite import BUSY_MS
+from ._sqlite import BUSY_MS, CHECKPOINT_FRAMES
 
 __all__ = [
     "CHECKPOINT_FRAMES",
-    "NOT_DURABLE",
-    "ON_LOOP",
+    "SETTLED",
     "WalIndex",
     "appends_unsynced",
     "open_wal_index",
+    "settings",
 ]
 
-#: SQLite's default ``wal_autocheckpoint``, which ``_sqlite.connect`` leaves as it is. A
-#: commit on the loop does not checkpoint (``Index.transaction``), so the log may pass it by
-#: one such commit; the next one waits for a worker thread's commit to checkpoint.
-CHECKPOINT_FRAMES = 1000
-#: Set before a transaction that is not durable, and set back after it.
-NOT_DURABLE = ("PRAGMA synchronous=NORMAL",), ("PRAGMA synchronous=FULL",)
-#: The same on the event loop thread, also never waiting for a lock nor checkpointing.
-ON_LOOP = (
-    (*NOT_DURABLE[0], "PRAGMA busy_timeout = 0", "PRAGMA wal_autocheckpoint = 0"),
-    (
-        *NOT_DURABLE[1],
-        f"PRAGMA busy_timeout = {BUSY_MS}",
-        f"PRAGMA wal_autocheckpoint = {CHECKPOINT_FRAMES}",
-    ),
+# What a transaction may change (set before it, set back after): durable or not, waiting for
+# SQLite's lock or not, checkpointing at its COMMIT or not.
+_CHANGES = (
+    ("PRAGMA synchronous=NORMAL", "PRAGMA synchronous=FULL"),
+    ("PRAGMA busy_timeout = 0", f"PRAGMA busy_timeout = {BUSY_MS}"),
+    ("PRAGMA wal_autocheckpoint = 0", f"PRAGMA wal_autocheckpoint = {CHECKPOINT_FRAMES}"),
 )
+#: Every setting as ``_sqlite.connect`` made it.
+SETTLED = tuple(back for _, back in _CHANGES)
+
+
+def settings(*, durable: bool, wait: bool, checkpoint: bool) -> tuple[tuple[str, ...], ...]:
+    """The statements to run before a transaction, and after it."""
+    changed = [
+        pair for pair, kept in zip(_CHANGES, (durable, wait, checkpoint), strict=True) if not kept
+    ]
+    return tuple(before for before, _ in changed), tuple(after for _, after in changed)
+
+
 _HEADER = 48  # one copy of WalIndexHdr; the checkpoint record's nBackfill follows the two
 _READ = 2 * _HEADER + 4
 
@@ -81,9 +85,12 @@ def open_wal_index(path: str) -> int | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    st = os.fstat(fd)
-    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-        return fd
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            return fd
+    except OSError:
+        pass
     os.close(fd)
     return None
 
