@@ -6,8 +6,9 @@ import hashlib
 import hmac
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ import msgspec
 from hypothesis import settings
 
 import response_compaction as rc
+from response_compaction._store import _index
 from response_compaction._store._fileio import (
     AsyncBinaryFile,
     FileBackend,
@@ -89,6 +91,35 @@ def store_root(workspace: rc.Workspace | str | Path) -> Path:
     """The library's directory below a workspace."""
     base = workspace if isinstance(workspace, str | Path) else workspace.workspace_temp_dir()
     return Path(base) / ROOT_NAME
+
+
+@contextmanager
+def open_index(harness: rc.Harness) -> Iterator[tuple[Path, _index.Index]]:
+    """The store's root and its index, as this process shares it (released after)."""
+    root = store_root(harness.fs)
+    index = _index.acquire(str(root))
+    try:
+        yield root, index
+    finally:
+        _index.release(index)
+
+
+@contextmanager
+def loop_statements(harness: rc.Harness) -> Iterator[list[str]]:
+    """The statements the index's write connection runs on this (the event loop's) thread."""
+    loop_thread = threading.get_ident()
+    on_loop: list[str] = []
+
+    def trace(statement: str) -> None:
+        if threading.get_ident() == loop_thread:
+            on_loop.append(statement)
+
+    with open_index(harness) as (_, index):
+        index._conn.set_trace_callback(trace)
+        try:
+            yield on_loop
+        finally:
+            index._conn.set_trace_callback(None)
 
 
 def entry_path(root: Path, hex_digest: str, kind: str = "exact") -> Path:

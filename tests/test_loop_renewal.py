@@ -10,8 +10,7 @@ import contextlib
 import os
 import sqlite3
 import sys
-import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,15 @@ import pytest
 import response_compaction as rc
 from response_compaction._store import _commit, _index
 from response_compaction._store._wal import CHECKPOINT_FRAMES, appends_unsynced, open_wal_index
-from tests._store_support import compact, entry_path, hex_of, ref_of, store_root
+from tests._store_support import (
+    compact,
+    entry_path,
+    hex_of,
+    loop_statements,
+    open_index,
+    ref_of,
+    store_root,
+)
 from tests.conftest import FakeClock
 from tests.schemas import Exact, Row
 
@@ -27,34 +34,12 @@ A = Exact(rows=[Row(id=1, name="alpha")], total=1)
 B = Exact(rows=[Row(id=2, name="beta")], total=1)
 
 
-@contextlib.contextmanager
-def loop_statements(harness: rc.Harness) -> Iterator[list[str]]:
-    """The statements the write connection runs on this (the event loop's) thread."""
-    index = _index.acquire(str(store_root(harness.fs)))
-    loop_thread = threading.get_ident()
-    on_loop: list[str] = []
-
-    def trace(statement: str) -> None:
-        if threading.get_ident() == loop_thread:
-            on_loop.append(statement)
-
-    index._conn.set_trace_callback(trace)
-    try:
-        yield on_loop
-    finally:
-        index._conn.set_trace_callback(None)
-        _index.release(index)
-
-
-def _settings(root: Path) -> tuple[object, ...]:
-    index = _index.acquire(str(root))
-    try:
+def _settings(harness: rc.Harness) -> tuple[object, ...]:
+    with open_index(harness) as (_, index):
         return tuple(
             index._conn.execute(f"PRAGMA {name}").fetchone()[0]
             for name in ("synchronous", "busy_timeout", "wal_autocheckpoint")
         )
-    finally:
-        _index.release(index)
 
 
 def _checkpoint_as_another_process(root: Path, mode: str) -> None:
@@ -71,7 +56,6 @@ async def test_a_hit_commits_on_the_loop_unsynced_and_without_a_checkpoint(
     harness: rc.Harness, clock: FakeClock
 ) -> None:
     await compact(harness, A, ttl_seconds=100)
-    root = store_root(harness.fs)
     clock.advance(60)
     with loop_statements(harness) as on_loop:
         again = await compact(harness, A, ttl_seconds=100)
@@ -79,7 +63,7 @@ async def test_a_hit_commits_on_the_loop_unsynced_and_without_a_checkpoint(
     commit = on_loop.index("COMMIT")
     for setting in ("PRAGMA synchronous=NORMAL", "PRAGMA wal_autocheckpoint = 0"):
         assert on_loop.index(setting) < commit
-    assert _settings(root) == (2, 20, CHECKPOINT_FRAMES)  # FULL, BUSY_MS, the default again
+    assert _settings(harness) == (2, 20, CHECKPOINT_FRAMES)  # FULL, BUSY_MS, the default again
     clock.advance(60)  # past the first expiry, before the renewed one
     found = await rc.response_compaction_read_exact(harness, ref_of(A), Exact)
     assert found == rc.Found(value=A)
@@ -118,28 +102,35 @@ async def test_a_hit_with_rows_to_evict_leaves_them_to_a_worker(
 async def test_a_hit_with_many_uses_waiting_leaves_them_to_a_worker(harness: rc.Harness) -> None:
     """Writing a batch of uses is a larger commit: the worker's, which writes every one."""
     await compact(harness, A)
-    root = store_root(harness.fs)
-    index = _index.acquire(str(root))
-    try:
+    with open_index(harness) as (_, index):
         for i in range(40):
             index.record_use("exact", f"{i:064x}", 1.0, flush=False)
         with loop_statements(harness) as on_loop:
             assert (await compact(harness, A)).receipt.exact_cache == "reused"
         assert "COMMIT" not in on_loop
         assert not index._pending
-    finally:
-        _index.release(index)
+
+
+def _row_of_a(index: _index.Index, clock: FakeClock) -> _index.Row:
+    row = index.lookup("exact", hex_of(A), clock())
+    assert row is not None
+    return row
+
+
+@contextlib.asynccontextmanager
+async def _a_stored(
+    harness: rc.Harness, clock: FakeClock
+) -> AsyncIterator[tuple[Path, _index.Index, _index.Row]]:
+    """``A`` compacted; the store's root, its index and ``A``'s row."""
+    await compact(harness, A)
+    with open_index(harness) as (root, index):
+        yield root, index, _row_of_a(index, clock)
 
 
 async def test_a_renewal_on_the_loop_never_waits_for_another_process(
     harness: rc.Harness, clock: FakeClock
 ) -> None:
-    await compact(harness, A)
-    root = store_root(harness.fs)
-    index = _index.acquire(str(root))
-    try:
-        row = index.lookup("exact", hex_of(A), clock())
-        assert row is not None
+    async with _a_stored(harness, clock) as (root, index, row):
         statements: list[str] = []
         with contextlib.closing(sqlite3.connect(root / "index.sqlite3", timeout=0)) as other:
             other.execute("BEGIN IMMEDIATE")
@@ -151,10 +142,8 @@ async def test_a_renewal_on_the_loop_never_waits_for_another_process(
         # SQLite's busy handler was off (no timing in a test: what it was asked to do).
         begin = statements.index("BEGIN IMMEDIATE")
         assert statements[:begin].count("PRAGMA busy_timeout = 0") == 1
-        assert index.lookup("exact", hex_of(A), clock()) == row  # nothing written
-    finally:
-        _index.release(index)
-    assert _settings(root) == (2, 20, CHECKPOINT_FRAMES)
+        assert _row_of_a(index, clock) == row  # nothing written
+    assert _settings(harness) == (2, 20, CHECKPOINT_FRAMES)
 
 
 def _delete_then_fail(index: _index.Index, key: str) -> None:
@@ -166,20 +155,14 @@ def _delete_then_fail(index: _index.Index, key: str) -> None:
 async def test_a_failure_inside_a_transaction_on_the_loop_leaves_the_index_as_it_was(
     harness: rc.Harness, clock: FakeClock
 ) -> None:
-    await compact(harness, A)
-    root = store_root(harness.fs)
-    index = _index.acquire(str(root))
-    try:
-        before = index.lookup("exact", hex_of(A), clock())
+    async with _a_stored(harness, clock) as (root, index, before):
         with pytest.raises(KeyError):
             _delete_then_fail(index, hex_of(A))
         assert not index._conn.in_transaction
-        assert index.lookup("exact", hex_of(A), clock()) == before  # rolled back
+        assert _row_of_a(index, clock) == before  # rolled back
         with index.transaction():  # the lock was let go
             pass
-    finally:
-        _index.release(index)
-    assert _settings(root) == (2, 20, CHECKPOINT_FRAMES)
+    assert _settings(harness) == (2, 20, CHECKPOINT_FRAMES)
     with contextlib.closing(sqlite3.connect(root / "index.sqlite3", timeout=0)) as other:
         other.execute("BEGIN IMMEDIATE")  # SQLite's write lock is free too
         other.execute("ROLLBACK")

@@ -28,6 +28,7 @@ from tests._store_support import (
     entry_files,
     entry_path,
     hex_of,
+    loop_statements,
     ref_of,
     store_root,
     temp_files,
@@ -331,22 +332,10 @@ async def test_a_store_directory_made_anew_is_written_into_not_the_old_one(
 async def test_a_read_on_the_loop_never_commits_its_use_there(harness: rc.Harness) -> None:
     """Reads served on the event loop thread only note their use: no COMMIT (an fsync) there."""
     await compact(harness, A)
-    index = _index.acquire(str(store_root(harness.fs)))
-    loop_thread = threading.get_ident()
-    on_loop: list[str] = []
-
-    def trace(statement: str) -> None:
-        if threading.get_ident() == loop_thread:
-            on_loop.append(statement)
-
-    try:
-        index._conn.set_trace_callback(trace)
+    with loop_statements(harness) as on_loop:
         for _ in range(3):  # the first is served inline; a batch then due goes to a thread
             found = await rc.response_compaction_read_exact(harness, ref_of(A), Exact)
             assert found == rc.Found(value=A)
-    finally:
-        index._conn.set_trace_callback(None)
-        _index.release(index)
     assert on_loop == []
 
 
