@@ -238,10 +238,10 @@ class Index:
         due = time.monotonic()
         if not flush or due < self._next_flush:
             return
+        self._next_flush = due + USE_FLUSH_SECONDS
         # Busy, full or read-only: the uses are kept for the next write, or lost.
         quietly = contextlib.suppress(IndexBusy, sqlite3.Error, OSError)
         with quietly, self.transaction(wait=False) as tx:
-            self._next_flush = due + USE_FLUSH_SECONDS
             tx.saw(now)
 
     def _read(

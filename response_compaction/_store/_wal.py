@@ -14,11 +14,15 @@ Read under the write lock, after ``BEGIN IMMEDIATE``: no other writer can append
 the log meanwhile, a checkpoint elsewhere only raises ``nBackfill``, and SQLite restarts the
 log only when the transaction's snapshot (taken at BEGIN) found every frame copied. So
 ``nBackfill < mxFrame`` now means the commit appends. A wrong reading (the file replaced
-under us) costs a hop, or one header fsync on the loop: never a wrong value.
+under us) costs a hop, or one header fsync on the loop: never a wrong value. (SQLite can
+still make any access wait briefly in two cases no setting turns off: a read snapshot retried
+while a checkpoint moves it, and the recovery of a log left by a process that crashed; the
+reads served on the loop, ``_reads.read_inline``, accept the same.)
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import sys
@@ -45,6 +49,7 @@ _CHANGES = (
 SETTLED = tuple(back for _, back in _CHANGES)
 
 
+@functools.cache  # eight combinations, asked for by every transaction
 def settings(*, durable: bool, wait: bool, checkpoint: bool) -> tuple[tuple[str, ...], ...]:
     """The statements to run before a transaction, and after it."""
     changed = [
