@@ -16,7 +16,6 @@ import sqlite3
 from typing import Any
 
 from .._canonical import decode_exact
-from .._errors import StoreError
 from . import _index
 from ._commit import renew_on_loop
 from ._index import CorruptRowError, IndexBusy, Row
@@ -63,7 +62,7 @@ def renew_inline(
         value = decode_exact(on_disk, schema)  # ValueError: the value does not validate
         try:
             renewed = renew_on_loop(index, kind, key, row, now, bound)
-        except (OSError, sqlite3.Error, StoreError):
+        except (OSError, sqlite3.Error):  # StoreError (a replaced index) is an OSError
             return NOT_INLINE  # rolled back: the worker retries, or reports it
     finally:
         _index.release(index, close_idle=False)
