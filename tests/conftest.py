@@ -7,12 +7,21 @@ from pathlib import Path
 import pytest
 
 import response_compaction as rc
+from response_compaction._store import _commit
 
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Every ``@pytest.mark.anyio`` test runs once on asyncio and once on trio."""
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_naming_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed directory fsync makes this process stop vouching for its names for good
+    (``_commit``), so a renewal syncs instead of committing on the loop: one test's injected
+    failure must not change what the tests after it see (it did, by order, before this)."""
+    monkeypatch.setattr(_commit, "_naming_failed", [False])
 
 
 class FakeClock:

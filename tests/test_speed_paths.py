@@ -18,7 +18,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import _pool
-from response_compaction._store import _commit, _index
+from response_compaction._store import _index
 from response_compaction._store._fileio import AsyncBinaryFile
 from response_compaction._store._oneshot import read_regular
 from response_compaction._store._verify import DECODE_BESIDE_BYTES
@@ -131,7 +131,6 @@ async def test_a_renewal_beside_a_publish_in_flight_syncs_its_directory(
 ) -> None:
     """This process's own entry is vouched for without a sync only when no publish is between
     its rename and its directory's fsync (whichever entry that publish names)."""
-    monkeypatch.setattr(_commit, "_naming_failed", [False])  # not another test's failure
     await compact(harness, A)
     root = store_root(harness.fs)
     other = Exact(rows=[Row(id=2, name="beta")], total=1)
@@ -209,7 +208,6 @@ async def test_after_a_directory_fsync_failed_no_renewal_skips_its_sync(
 ) -> None:
     """A failed directory fsync leaves a row of this process whose name may not be on disk:
     from then on every renewal syncs, its own rows included."""
-    monkeypatch.setattr(_commit, "_naming_failed", [False])  # this test's own process state
     await compact(harness, A)
     other = Exact(rows=[Row(id=2, name="beta")], total=1)
     real_fsync = os.fsync
