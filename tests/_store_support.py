@@ -17,7 +17,7 @@ import msgspec
 from hypothesis import settings
 
 import response_compaction as rc
-from response_compaction._store import _index
+from response_compaction._store import _index, _indexes
 from response_compaction._store._fileio import (
     AsyncBinaryFile,
     FileBackend,
@@ -97,11 +97,11 @@ def store_root(workspace: rc.Workspace | str | Path) -> Path:
 def open_index(harness: rc.Harness) -> Iterator[tuple[Path, _index.Index]]:
     """The store's root and its index, as this process shares it (released after)."""
     root = store_root(harness.fs)
-    index = _index.acquire(str(root))
+    index = _indexes.acquire(str(root))
     try:
         yield root, index
     finally:
-        _index.release(index)
+        _indexes.release(index)
 
 
 @contextmanager

@@ -25,7 +25,7 @@ import pytest
 import response_compaction as rc
 from response_compaction import _pool
 from response_compaction._canonical import iter_canonical
-from response_compaction._store import _index, open_store
+from response_compaction._store import _indexes, open_store
 from response_compaction._store._commit import Publication, publish, publish_all
 from response_compaction._store._group import publish_grouped
 from response_compaction._store._index import Row
@@ -68,7 +68,7 @@ async def test_publishes_queued_behind_a_publish_go_out_together(
 ) -> None:
     """Two publishes queued behind a third share one publish_all, each with its own result."""
     root, items = await _temp_items(workspace, 3)
-    index = _index.acquire(root)
+    index = _indexes.acquire(root)
     calls: list[tuple[str, int]] = []
     first_may_end = anyio.Event()
 
@@ -92,7 +92,7 @@ async def test_publishes_queued_behind_a_publish_go_out_together(
             await anyio.wait_all_tasks_blocked()  # both queued on the writer turn
             first_may_end.set()
     finally:
-        _index.release(index)
+        _indexes.release(index)
     assert calls == [("publish", 1), ("publish_all", 2)]
     assert results == {0: False, 1: False, 2: False}
     root_path = Path(root)
@@ -106,7 +106,7 @@ async def test_a_failed_group_fails_its_owner_and_the_others_publish_again(
 ) -> None:
     """The group's owner gets the error; the other member publishes on its own and succeeds."""
     root, items = await _temp_items(workspace, 3)
-    index = _index.acquire(root)
+    index = _indexes.acquire(root)
     calls: list[str] = []
     first_may_end = anyio.Event()
 
@@ -135,7 +135,7 @@ async def test_a_failed_group_fails_its_owner_and_the_others_publish_again(
             await anyio.wait_all_tasks_blocked()
             first_may_end.set()
     finally:
-        _index.release(index)
+        _indexes.release(index)
     assert calls == ["publish", "publish_all", "publish"]
     assert sorted(outcomes.values(), key=str) == sorted([False, 28, False], key=str)
     assert index_rows(Path(root)) == {items[0].key} | {
@@ -149,11 +149,11 @@ async def test_a_rename_failing_in_a_group_fails_only_its_item(
     """publish_all: an item whose temp file is gone gets its OSError; the others are recorded."""
     root, items = await _temp_items(workspace, 3)
     os.unlink(os.path.join(root, "tmp", items[1].temp_name))
-    index = _index.acquire(root)
+    index = _indexes.acquire(root)
     try:
         results = publish_all(index, items)
     finally:
-        _index.release(index)
+        _indexes.release(index)
     assert results[0] is False
     assert results[2] is False
     assert isinstance(results[1], FileNotFoundError)
@@ -166,7 +166,7 @@ async def test_a_lone_publish_takes_the_single_publish_path(
 ) -> None:
     """With nothing else queued, the publish is _commit.publish itself (the fault seam's view)."""
     root, items = await _temp_items(workspace, 1)
-    index = _index.acquire(root)
+    index = _indexes.acquire(root)
     seen: list[object] = []
 
     async def patiently(fn: Callable[..., Any], *args: Any) -> Any:
@@ -176,7 +176,7 @@ async def test_a_lone_publish_takes_the_single_publish_path(
     try:
         assert await publish_grouped(patiently, index, items[0]) is False
     finally:
-        _index.release(index)
+        _indexes.release(index)
     assert seen == [publish]
 
 

@@ -18,7 +18,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import _pool
-from response_compaction._store import _index
+from response_compaction._store import _indexes
 from response_compaction._store._fileio import AsyncBinaryFile
 from response_compaction._store._oneshot import read_regular
 from response_compaction._store._verify import DECODE_BESIDE_BYTES
@@ -249,7 +249,7 @@ async def test_reads_work_whether_or_not_the_index_is_open(harness: rc.Harness) 
     """A small read finds its value both inline (index open) and through a worker thread."""
     await compact(harness, A)
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
-    _index.close_all()  # nothing open: the read takes a worker thread and opens it
+    _indexes.close_all()  # nothing open: the read takes a worker thread and opens it
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
 
 
@@ -296,7 +296,7 @@ async def test_a_removed_root_is_made_again(harness: rc.Harness) -> None:
 async def test_a_renewal_is_not_synced_and_later_commits_are(harness: rc.Harness) -> None:
     """A reused entry's renewal commits with synchronous=NORMAL; the connection is FULL again."""
     await compact(harness, A)
-    index = _index.acquire(str(store_root(harness.fs)))
+    index = _indexes.acquire(str(store_root(harness.fs)))
     statements: list[str] = []
     try:
         index._conn.set_trace_callback(statements.append)
@@ -308,7 +308,7 @@ async def test_a_renewal_is_not_synced_and_later_commits_are(harness: rc.Harness
         assert index._conn.execute("PRAGMA synchronous").fetchone() == (2,)
     finally:
         index._conn.set_trace_callback(None)
-        _index.release(index)
+        _indexes.release(index)
 
 
 async def test_a_store_directory_made_anew_is_written_into_not_the_old_one(

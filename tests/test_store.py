@@ -21,7 +21,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import _store
-from response_compaction._store import _index
+from response_compaction._store import _indexes
 from response_compaction._store._fileio import AsyncBinaryFile
 from tests._store_support import (
     ROOT_NAME,
@@ -704,7 +704,7 @@ def test_root_name_matches_the_library() -> None:
 
 async def test_more_stores_than_open_indexes_work_concurrently(tmp_path: Path) -> None:
     """Many workspaces used at once in one process (more than the index cache) all work."""
-    count = _index.MAX_IDLE_INDEXES + 4
+    count = _indexes.MAX_IDLE_INDEXES + 4
     failures: list[str] = []
 
     async def agent(n: int) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import response_compaction as rc
-from response_compaction._store import _index
+from response_compaction._store import _indexes
 from response_compaction._store._paths import open_dir
 from tests._store_support import FaultyBackend, compact, entry_path, store_root
 from tests.schemas import Exact, Row
@@ -106,7 +106,7 @@ async def test_an_index_hard_linked_to_another_database_is_refused(tmp_path: Pat
     ws = tmp_path / "ws"
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
     await compact(harness, A)
-    _index.close_all()
+    _indexes.close_all()
     other = tmp_path / "other.sqlite3"
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE mine (x)")

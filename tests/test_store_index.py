@@ -15,7 +15,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction._errors import map_errors
-from response_compaction._store import ROOT_NAME, _index, open_store
+from response_compaction._store import ROOT_NAME, _index, _indexes, open_store
 from response_compaction._store._paths import prepare_root
 from response_compaction._store._tx import LOOKUP
 from tests._store_support import hex_of
@@ -50,24 +50,24 @@ async def test_the_row_counter_matches_the_rows_through_stores_reuses_and_evicti
 
 def test_an_index_in_use_stays_open_and_idle_ones_beyond_the_cap_close(tmp_path: Path) -> None:
     """Shared connections are reference counted: never closed in use, at most the cap idle."""
-    _index.close_all()
-    roots = [prepare_root(str(tmp_path / f"ws{n}")) for n in range(_index.MAX_IDLE_INDEXES + 3)]
-    held = [_index.acquire(root) for root in roots]
+    _indexes.close_all()
+    roots = [prepare_root(str(tmp_path / f"ws{n}")) for n in range(_indexes.MAX_IDLE_INDEXES + 3)]
+    held = [_indexes.acquire(root) for root in roots]
     for index in held[1:]:
-        _index.release(index)
+        _indexes.release(index)
     # The first is still in use although it is the least recently opened: it still works.
     assert held[0].counts(0.0) == {}
     with pytest.raises(sqlite3.ProgrammingError):
         held[1].counts(0.0)  # idle and beyond the cap: closed
     assert held[-1].counts(0.0) == {}
-    _index.release(held[0])
-    _index.close_all()
+    _indexes.release(held[0])
+    _indexes.close_all()
     with pytest.raises(sqlite3.ProgrammingError):
         held[0].counts(0.0)
-    fresh = _index.acquire(roots[0])
+    fresh = _indexes.acquire(roots[0])
     assert fresh is not held[0]  # a new connection after close_all
-    _index.release(fresh)
-    _index.close_all()
+    _indexes.release(fresh)
+    _indexes.close_all()
 
 
 def test_map_errors_names_the_action_and_the_type_not_the_value() -> None:
@@ -86,7 +86,7 @@ def test_map_errors_names_the_action_and_the_type_not_the_value() -> None:
 
 def test_an_error_after_sqlite_rolled_back_on_its_own_is_the_error_raised(tmp_path: Path) -> None:
     """When SQLite already rolled back (a full disk mid-statement), the real error surfaces."""
-    index = _index.acquire(prepare_root(str(tmp_path / "ws")))
+    index = _indexes.acquire(prepare_root(str(tmp_path / "ws")))
     try:
         full = sqlite3.OperationalError("database or disk is full")
 
@@ -101,15 +101,15 @@ def test_an_error_after_sqlite_rolled_back_on_its_own_is_the_error_raised(tmp_pa
         with index.transaction() as tx:  # and the index is usable afterwards
             assert tx.keys("exact") == set()
     finally:
-        _index.release(index)
-        _index.close_all()
+        _indexes.release(index)
+        _indexes.close_all()
 
 
 def test_a_writers_lookup_while_the_write_lock_is_held_reads_the_committed_row(
     tmp_path: Path,
 ) -> None:
     """lookup(writer=True) with the write lock taken neither waits nor sees uncommitted rows."""
-    index = _index.acquire(prepare_root(str(tmp_path / "ws")))
+    index = _indexes.acquire(prepare_root(str(tmp_path / "ws")))
     key = "ab" * 32
     try:
         with index.transaction() as tx:
@@ -125,8 +125,8 @@ def test_a_writers_lookup_while_the_write_lock_is_held_reads_the_committed_row(
         assert after is not None
         assert (after.digest, after.size, after.expires_at) == ("ef" * 32, 6, 200.0)
     finally:
-        _index.release(index)
-        _index.close_all()
+        _indexes.release(index)
+        _indexes.close_all()
 
 
 @pytest.mark.parametrize(
@@ -203,14 +203,14 @@ async def test_index_rows_naming_paths_outside_the_store_touch_nothing(
 
 def test_an_index_without_the_clocks_index_gets_it_and_reads_walk_it(tmp_path: Path) -> None:
     """An index lacking clocks_seen gains it on open, and the lookup's clock scan sorts nothing."""
-    _index.close_all()
+    _indexes.close_all()
     root = prepare_root(str(tmp_path / "ws"))
-    _index.release(_index.acquire(root))
-    _index.close_all()
+    _indexes.release(_indexes.acquire(root))
+    _indexes.close_all()
     path = Path(root) / "index.sqlite3"
     with sqlite3.connect(path) as conn:
         conn.execute("DROP INDEX clocks_seen")
-    index = _index.acquire(root)
+    index = _indexes.acquire(root)
     try:
         with sqlite3.connect(path) as conn:
             names = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
@@ -220,8 +220,8 @@ def test_an_index_without_the_clocks_index_gets_it_and_reads_walk_it(tmp_path: P
         assert "clocks_seen" in names
         assert not any("TEMP B-TREE" in str(step) for step in plan), plan
     finally:
-        _index.release(index)
-        _index.close_all()
+        _indexes.release(index)
+        _indexes.close_all()
 
 
 def test_a_forked_child_knows_its_own_pid_and_writer_id() -> None:

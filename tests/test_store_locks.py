@@ -101,7 +101,7 @@ async def test_reads_and_verify_work_on_a_read_only_mount(
     seed_key(ws)
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
     await compact(harness, A)
-    _store._index.close_all()
+    _store._indexes.close_all()
     if not _read_only_mount_works(ws):
         pytest.skip("no user namespaces here to make a read-only bind mount")
     child = " ".join(_child("read", ws, anyio_backend, -1, ref_of(A)))

@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 import response_compaction as rc
-from response_compaction._store import _aside, _index, open_store
+from response_compaction._store import _aside, _index, _indexes, open_store
 from response_compaction._store._commit import Publication, publish_all
 from tests._store_support import (
     FaultyBackend,
@@ -210,7 +210,7 @@ async def test_a_group_commit_syncs_every_directory_beside_its_commit(
     root, items = await _temp_items(harness, 3)
     fanouts = {item.key[:2] for item in items}
     journal = Journal(fail=lambda fd: fail and _is_dir(fd))
-    index = _index.acquire(root)
+    index = _indexes.acquire(root)
     try:
         with journal.installed(monkeypatch):
             if fail:
@@ -219,7 +219,7 @@ async def test_a_group_commit_syncs_every_directory_beside_its_commit(
             else:
                 assert publish_all(index, items) == [False, False, False]
     finally:
-        _index.release(index)
+        _indexes.release(index)
     outcome = "fsync-failed" if fail else "fsync-end"
     assert journal.events.count((outcome, "dir")) == len(fanouts)
     assert sum(e[0] == "rename" for e in journal.events) == len(items)

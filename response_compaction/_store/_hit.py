@@ -16,7 +16,7 @@ import sqlite3
 from typing import Any
 
 from .._canonical import decode_exact
-from . import _index
+from . import _indexes
 from ._commit import renew_on_loop
 from ._index import CorruptRowError, IndexBusy, Row
 from ._oneshot import Put, renewable, stored_as
@@ -38,7 +38,7 @@ def renew_inline(
     """
     if len(data) > INLINE_READ_BYTES:
         return NOT_INLINE
-    index = _index.acquire_now(root)
+    index = _indexes.acquire_now(root)
     if index is None:
         return NOT_INLINE
     try:
@@ -65,7 +65,7 @@ def renew_inline(
         except (OSError, sqlite3.Error):  # StoreError (a replaced index) is an OSError
             return NOT_INLINE  # rolled back: the worker retries, or reports it
     finally:
-        _index.release(index, close_idle=False)
+        _indexes.release(index, close_idle=False)
     if renewed is None:
         return NOT_INLINE
     return Put(reused=True, value=value) if renewed else None

@@ -10,13 +10,11 @@ retries from the event loop, where the caller's deadline can stop it. Reads go t
 own connection and never need the write lock (WAL readers do not block on a writer); a read's
 "use" for the LRU order is recorded best-effort (:meth:`Index.record_use`).
 
-Connections are shared per process and root through :func:`acquire` / :func:`release`: an
-index in use is never closed, and at most ``MAX_IDLE_INDEXES`` idle ones stay open.
+One index per process and root is shared through ``_indexes``.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import sqlite3
@@ -27,7 +25,7 @@ from typing import Any
 
 from .._errors import StoreError
 from ._clocks import writer_id
-from ._paths import PROCESS, Kind
+from ._paths import Kind
 from ._sqlite import (
     BUSY_MS,
     READONLY_CODES,
@@ -52,7 +50,6 @@ from ._wal import SETTLED, WalIndex, settings
 
 __all__ = [
     "BUSY_MS",
-    "MAX_IDLE_INDEXES",
     "CorruptRowError",
     "Entry",
     "Index",
@@ -60,13 +57,8 @@ __all__ = [
     "IndexReplacedError",
     "Row",
     "Transaction",
-    "acquire",
-    "acquire_now",
-    "close_all",
-    "release",
 ]
 
-MAX_IDLE_INDEXES = 8
 #: Uses not yet written to the index (the write lock was busy) are kept up to this many.
 _MAX_PENDING_USES = 4096
 #: Uses recorded by reads are written at most this often (and with every write before that).
@@ -305,96 +297,8 @@ class Index:
         return {str(kind): int(n) for kind, n in rows if isinstance(n, int)}
 
     def close(self) -> None:
-        """Close the connections (only :func:`release` calls this, once nobody uses it)."""
+        """Close the connections (only ``_indexes`` calls this, once nobody uses it)."""
         if self._reader is not self._conn:
             self._reader.close()
         self._conn.close()
         self._wal.close()
-
-
-class _Slot:
-    __slots__ = ("index", "users")
-
-    def __init__(self, index: Index) -> None:
-        self.index = index
-        self.users = 0
-
-
-# One connection per process and root, reopened after fork. Insertion order is recency.
-_open: collections.OrderedDict[tuple[int, str], _Slot] = collections.OrderedDict()
-# Indexes whose file was removed or replaced, still in use: closed when their last user leaves.
-_retired: dict[int, _Slot] = {}
-_open_lock = threading.Lock()
-
-
-def acquire(root: str) -> Index:
-    """The shared index of ``root``, opened if needed; pair every call with :func:`release`.
-
-    An index whose file was removed or replaced since it was opened is retired and a fresh
-    one opened, so a process never goes on writing to an orphan.
-    """
-    key = (PROCESS.pid, root)
-    with _open_lock:
-        slot = _open.get(key)
-        if slot is not None and not slot.index.is_current():
-            del _open[key]
-            _retire(slot)
-            slot = None
-        if slot is None:
-            slot = _open[key] = _Slot(Index(root))
-        _open.move_to_end(key)
-        slot.users += 1
-        return slot.index
-
-
-def acquire_now(root: str) -> Index | None:
-    """Like :func:`acquire`, but never waits or opens: the index if already open and current.
-
-    For the event loop thread (small reads inline); None means "take a worker thread".
-    """
-    if not _open_lock.acquire(blocking=False):
-        return None
-    try:
-        slot = _open.get((PROCESS.pid, root))
-        if slot is None or not slot.index.is_current():
-            return None
-        slot.users += 1
-        return slot.index
-    finally:
-        _open_lock.release()
-
-
-def _retire(slot: _Slot) -> None:
-    if slot.users == 0:
-        slot.index.close()
-    else:
-        _retired[id(slot.index)] = slot
-
-
-def release(index: Index, *, close_idle: bool = True) -> None:
-    """Let go of ``index``; close the least recently used idle ones beyond the cache size.
-
-    ``close_idle=False`` (on the event loop thread) leaves that to the next release: closing
-    a WAL database checkpoints it, a write and an fsync.
-    """
-    with _open_lock:
-        slot = _open.get((PROCESS.pid, index.root))
-        if slot is not None and slot.index is index:
-            slot.users -= 1
-        elif (retired := _retired.get(id(index))) is not None:
-            retired.users -= 1
-            if retired.users == 0:
-                del _retired[id(index)]
-                index.close()
-        if not close_idle or len(_open) <= MAX_IDLE_INDEXES:
-            return  # nothing to close: every read ends here
-        idle = [key for key, slot in _open.items() if slot.users == 0]
-        for key in idle[: max(0, len(idle) - MAX_IDLE_INDEXES)]:
-            _open.pop(key).index.close()
-
-
-def close_all() -> None:
-    """Close every idle index of this process (tests, and hosts that want their fds back)."""
-    with _open_lock:
-        for key in [key for key, slot in _open.items() if slot.users == 0]:
-            _open.pop(key).index.close()

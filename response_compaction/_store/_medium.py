@@ -40,7 +40,7 @@ from .. import _pool, _verifiers
 from .._canonical import Span
 from .._errors import map_errors
 from .._perf import paused_gc
-from . import _index
+from . import _indexes
 from ._aside import let_go
 from ._commit import Publication, publish
 from ._group import publish_grouped
@@ -160,12 +160,12 @@ def _publish_now(root: str, publication: Publication) -> bool | None:
     """Blocking: :func:`publish` at once; None if the index is busy (another process)."""
     try:
         with map_errors(INDEX_ERRORS):
-            index = _index.acquire(root)
+            index = _indexes.acquire(root)
         try:
             with map_errors(f"could not publish the {publication.kind} value in the store index"):
                 return publish(index, *publication)
         finally:
-            _index.release(index)
+            _indexes.release(index)
     except IndexBusy:
         return None
 
@@ -332,11 +332,11 @@ class Medium(Stepwise):
         with map_errors(INDEX_ERRORS):
             # Open already: no hop to take it (releasing on the loop leaves closing idle
             # indexes, a checkpoint, to a worker thread's next release).
-            index = _index.acquire_now(self.root)
+            index = _indexes.acquire_now(self.root)
             if index is None:
-                index = await self._patiently(_index.acquire, self.root)
+                index = await self._patiently(_indexes.acquire, self.root)
         try:
             with map_errors(f"could not publish the {item.kind} value in the store index"):
                 return await publish_grouped(self._patiently, index, item)
         finally:
-            _index.release(index, close_idle=False)
+            _indexes.release(index, close_idle=False)

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from .._canonical import decode_exact
 from .._errors import UnsafeStoreError, map_errors
-from . import _index
+from . import _indexes
 from ._aside import Aside
 from ._commit import publish, renew
 from ._index import CorruptRowError, Index, Row
@@ -89,7 +89,7 @@ def put_small(
     """
     with tree(root) as dirs:  # first: a removed root is made again before the index opens
         with map_errors(INDEX_ERRORS):
-            index = _index.acquire(root)
+            index = _indexes.acquire(root)
         try:
             if renew:
                 renewed = _renew_if_intact(index, dirs, kind, key, (data,), row, schema, now,
@@ -101,7 +101,7 @@ def put_small(
                 schema, now, max_entries,
             )  # fmt: skip
         finally:
-            _index.release(index)
+            _indexes.release(index)
 
 
 def renew_intact(
@@ -114,11 +114,11 @@ def renew_intact(
     """
     with tree(root) as dirs:
         with map_errors(INDEX_ERRORS):
-            index = _index.acquire(root)
+            index = _indexes.acquire(root)
         try:
             return _renew_if_intact(index, dirs, kind, key, pieces, row, schema, now, max_entries)
         finally:
-            _index.release(index)
+            _indexes.release(index)
 
 
 def _renew_if_intact(

@@ -15,7 +15,7 @@ import sqlite3
 from typing import Any, NamedTuple
 
 from .._errors import map_errors
-from . import _index
+from . import _indexes
 from ._index import CorruptRowError, IndexBusy, Row
 from ._oneshot import INDEX_ERRORS, read_entry
 from ._paths import Kind, NotRegularFileError
@@ -75,7 +75,7 @@ def _read_checked(
     dirs: Tree, root: str, kind: Kind, key: str, now: float, secret: bytes, schema: Any
 ) -> Read | str | None:
     with map_errors(INDEX_ERRORS):
-        index = _index.acquire(root)
+        index = _indexes.acquire(root)
     try:
         try:
             with map_errors(INDEX_ERRORS):
@@ -103,7 +103,7 @@ def _read_checked(
             return problem
         index.record_use(kind, key, now)
     finally:
-        _index.release(index)
+        _indexes.release(index)
     return Read(row, data, decoded)
 
 
@@ -126,13 +126,13 @@ def record_read(root: str, kind: Kind, key: str, now: float) -> None:
 
     Best-effort, as every read's: never a wait or a commit here (see ``Index.record_use``).
     """
-    index = _index.acquire_now(root)
+    index = _indexes.acquire_now(root)
     if index is None:
         return
     try:
         index.record_use(kind, key, now, flush=False)
     finally:
-        _index.release(index, close_idle=False)
+        _indexes.release(index, close_idle=False)
 
 
 def check_read(read: Read, kind: Kind, key: str, secret: bytes) -> None:
@@ -162,7 +162,7 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
     batch of recorded uses may be due (writing it is a commit). Otherwise ``NOT_INLINE``:
     take the worker thread.
     """
-    index = _index.acquire_now(root)
+    index = _indexes.acquire_now(root)
     if index is None:
         return NOT_INLINE
     try:
@@ -194,5 +194,5 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
                 return problem
             index.record_use(kind, key, now, flush=False)  # a batch is written off the loop
     finally:
-        _index.release(index, close_idle=False)
+        _indexes.release(index, close_idle=False)
     return data if data is None or isinstance(data, str) else Read(row, data)

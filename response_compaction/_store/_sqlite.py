@@ -103,6 +103,8 @@ def own_files(path: str) -> None:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 raise UnsafeStoreError("store index is not a regular file of ours", name)
+            if st.st_nlink == 0 and name != path:
+                continue  # removed since: the last other connection (any process) closed
             if st.st_nlink != 1:
                 raise UnsafeStoreError("store index has other hard links", name)
             if st.st_mode & 0o077:

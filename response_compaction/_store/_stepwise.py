@@ -25,7 +25,7 @@ from .._digest import new_hasher
 from .._errors import StoreError, map_errors
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout
-from . import _index
+from . import _indexes
 from ._commit import Publication
 from ._fileio import AsyncBinaryFile, FileBackend, write_all
 from ._group import publish_grouped
@@ -104,12 +104,12 @@ class Stepwise:
     @contextlib.asynccontextmanager
     async def _using_index(self) -> AsyncIterator[Index]:
         with map_errors(INDEX_ERRORS):
-            index = await self._patiently(_index.acquire, self.root)
+            index = await self._patiently(_indexes.acquire, self.root)
         try:
             with map_errors(INDEX_ERRORS):
                 yield index
         finally:
-            _index.release(index)
+            _indexes.release(index)
 
     async def _put_streaming(
         self,

@@ -1,0 +1,166 @@
+"""The indexes open in this process: one :class:`~._index.Index` per root, shared.
+
+Pair every :func:`acquire` (or :func:`acquire_now`) with :func:`release`: an index in use is
+never closed, and at most ``MAX_IDLE_INDEXES`` idle ones stay open.
+
+The lock guards the table and nothing else. Opening an index (SQLite, its schema, up to
+``BUSY_MS`` of waiting for another process's lock) and closing one (a checkpoint: a write and
+an fsync) happen outside it: the event loop thread takes it too, to release what its inline
+reads and renewals acquired, and must never wait for a disk or another process behind it.
+Nor does the loop close anything itself: what its release would close is left to the next
+release or acquire of a worker thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import sqlite3
+import threading
+
+from ._index import Index
+from ._paths import PROCESS
+
+__all__ = ["MAX_IDLE_INDEXES", "acquire", "acquire_now", "close_all", "release"]
+
+MAX_IDLE_INDEXES = 8
+
+
+class _Slot:
+    __slots__ = ("index", "users")
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+        self.users = 0
+
+
+# Insertion order is recency. Keyed by pid too: a forked child opens its own.
+_open: collections.OrderedDict[tuple[int, str], _Slot] = collections.OrderedDict()
+# Indexes whose file was removed or replaced, still in use: closed when their last user leaves.
+_retired: dict[int, _Slot] = {}
+# Retired indexes whose last user was the event loop thread: the next worker closes them.
+_unclosed: list[Index] = []
+_lock = threading.Lock()
+
+
+def _forget_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # it may have been held by a thread that does not exist here
+
+
+os.register_at_fork(after_in_child=_forget_lock_in_child)
+
+
+def acquire(root: str) -> Index:
+    """The shared index of ``root``, opened if needed (blocking; a worker thread's call).
+
+    An index whose file was removed or replaced since it was opened is retired and a fresh
+    one opened, so a process never goes on writing to an orphan.
+    """
+    key = (PROCESS.pid, root)
+    closing: list[Index] = []
+    try:
+        with _lock:
+            closing.extend(_take_unclosed())
+            index = _use(key, closing)
+        if index is not None:
+            return index
+        fresh = Index(root)  # outside the lock: it may wait for another process's lock
+        with _lock:
+            index = _use(key, closing)
+            if index is None:  # nobody opened it meanwhile: ours is the one
+                slot = _open[key] = _Slot(fresh)
+                slot.users += 1
+                return fresh
+        closing.append(fresh)  # another thread's won
+        return index
+    finally:
+        _close(closing)
+
+
+def _use(key: tuple[int, str], closing: list[Index]) -> Index | None:
+    """The open, current index of ``key`` with one more user, or None (a stale one retired)."""
+    slot = _open.get(key)
+    if slot is not None and not slot.index.is_current():
+        del _open[key]
+        _retire(slot, closing)
+        slot = None
+    if slot is None:
+        return None
+    _open.move_to_end(key)
+    slot.users += 1
+    return slot.index
+
+
+def acquire_now(root: str) -> Index | None:
+    """Like :func:`acquire`, but never opens: the index if already open and current.
+
+    For the event loop thread (small reads inline); None means "take a worker thread".
+    """
+    if not _lock.acquire(blocking=False):
+        return None  # held for a moment only, but the loop has somewhere else to go
+    try:
+        slot = _open.get((PROCESS.pid, root))
+        if slot is None or not slot.index.is_current():
+            return None
+        slot.users += 1
+        return slot.index
+    finally:
+        _lock.release()
+
+
+def _retire(slot: _Slot, closing: list[Index]) -> None:
+    if slot.users == 0:
+        closing.append(slot.index)
+    else:
+        _retired[id(slot.index)] = slot
+
+
+def release(index: Index, *, close_idle: bool = True) -> None:
+    """Let go of ``index``; close the least recently used idle ones beyond the cache size.
+
+    ``close_idle=False`` (on the event loop thread) closes nothing: the idle ones are left
+    to the next release, and a retired index whose last user this was to the next worker.
+    """
+    closing: list[Index] = []
+    with _lock:
+        slot = _open.get((PROCESS.pid, index.root))
+        if slot is not None and slot.index is index:
+            slot.users -= 1
+        elif (retired := _retired.get(id(index))) is not None:
+            retired.users -= 1
+            if retired.users == 0:
+                del _retired[id(index)]
+                closing.append(index)
+        if not close_idle:
+            _unclosed.extend(closing)
+            return  # every read on the loop ends here
+        closing.extend(_take_unclosed())
+        if len(_open) > MAX_IDLE_INDEXES:
+            idle = [key for key, slot in _open.items() if slot.users == 0]
+            surplus = idle[: max(0, len(idle) - MAX_IDLE_INDEXES)]
+            closing.extend(_open.pop(key).index for key in surplus)
+    _close(closing)
+
+
+def _take_unclosed() -> list[Index]:
+    taken = _unclosed[:]
+    _unclosed.clear()
+    return taken
+
+
+def _close(indexes: list[Index]) -> None:
+    for index in indexes:
+        # Best effort, as a garbage-collected connection would be: it is gone either way,
+        # and the caller's own operation (which may have succeeded) is not this close's.
+        with contextlib.suppress(sqlite3.Error, OSError):
+            index.close()
+
+
+def close_all() -> None:
+    """Close every idle index of this process (tests, and hosts that want their fds back)."""
+    with _lock:
+        idle = [key for key, slot in _open.items() if slot.users == 0]
+        closing = [_open.pop(key).index for key in idle] + _take_unclosed()
+    _close(closing)
