@@ -29,6 +29,7 @@ from tests._store_support import (
     entry_path,
     hex_of,
     loop_statements,
+    open_index,
     ref_of,
     store_root,
     temp_files,
@@ -296,19 +297,17 @@ async def test_a_removed_root_is_made_again(harness: rc.Harness) -> None:
 async def test_a_renewal_is_not_synced_and_later_commits_are(harness: rc.Harness) -> None:
     """A reused entry's renewal commits with synchronous=NORMAL; the connection is FULL again."""
     await compact(harness, A)
-    index = _indexes.acquire(str(store_root(harness.fs)))
     statements: list[str] = []
-    try:
-        index._conn.set_trace_callback(statements.append)
-        again = await compact(harness, A)
-        index._conn.set_trace_callback(None)
+    with open_index(harness) as (_, index):
+        try:
+            index._conn.set_trace_callback(statements.append)
+            again = await compact(harness, A)
+        finally:
+            index._conn.set_trace_callback(None)
         assert again.receipt.exact_cache == "reused"
         normal = statements.index("PRAGMA synchronous=NORMAL")
         assert statements.index("COMMIT", normal) < statements.index("PRAGMA synchronous=FULL")
         assert index._conn.execute("PRAGMA synchronous").fetchone() == (2,)
-    finally:
-        index._conn.set_trace_callback(None)
-        _indexes.release(index)
 
 
 async def test_a_store_directory_made_anew_is_written_into_not_the_old_one(

@@ -145,6 +145,8 @@ def release(index: Index, *, close_idle: bool = True) -> None:
 
 
 def _take_unclosed() -> list[Index]:
+    if not _unclosed:
+        return []  # nearly always: no copy on every worker's acquire and release
     taken = _unclosed[:]
     _unclosed.clear()
     return taken
