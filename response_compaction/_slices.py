@@ -53,6 +53,7 @@ __all__ = [
     "open_layout",
     "plain_container",
     "seal_layout",
+    "share_decodes",
     "type_info",
 ]
 
@@ -288,3 +289,62 @@ def _placed_where_named(view: memoryview, ordered: list[_Cut]) -> bool:
         marked.count(markers[i]) == 1 and bytes(fields.get(str(cut.span.field), b"")) == markers[i]
         for i, cut in enumerate(ordered)
     )
+
+
+def share_decodes(
+    data: bytes, schema: Any, spans: tuple[Span, ...], share: int, shares: int
+) -> list[Any] | None:
+    """Share ``share`` (of ``shares``) of a sliced decode of ``data``: what it decoded, or None.
+
+    For verifying one document in several processes at once. The slices of every cut array
+    are dealt out in byte order into ``shares`` runs of about equal work; share 0 also checks
+    where the arrays lie and decodes the rest of the document. Every share succeeding is
+    exactly :func:`decode_sliced` succeeding without falling back to a whole decode, so the
+    whole decode succeeds too. None: this share failed, or the document cannot be cut; then
+    only a whole decode says whether (and why) the document is invalid. What was decoded is
+    returned to be freed after the reply (freeing 10 MB of small structs took 25 ms).
+    """
+    cuts = _plan(data, schema, spans)
+    if cuts is None:
+        return None
+    view = memoryview(data)
+    ordered = sorted(cuts, key=lambda c: c.span.start)
+    decoded: list[Any] = []
+    try:
+        for cut, a, b in _dealt(ordered, len(data), share, shares):
+            # Consecutive slices of one array, commas between (``_tiles``): one decode.
+            ends = (b"{", b"}") if cut.span.mapping else (b"[", b"]")
+            decoder = _list_decoder(cut.item_list_type)
+            decoded.append(decoder.decode(b"".join((ends[0], view[a:b], ends[1]))))
+        if share == 0 and ordered[0].attr is not None:  # a struct: its fields, as decode_sliced
+            if not _placed_where_named(view, ordered):
+                return None
+            empty = [b"{}" if cut.span.mapping else b"[]" for cut in ordered]
+            decoded.append(decode_exact(_outer(view, ordered, empty.__getitem__), schema))
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, ValueError):
+        return None
+    return decoded
+
+
+def _dealt(ordered: list[_Cut], size: int, share: int, shares: int) -> list[tuple[_Cut, int, int]]:
+    """Share ``share``'s byte ranges: whole slices, merged where they follow in one array.
+
+    Share 0's quota starts with the bytes outside the slices, counted twice (it decodes them
+    twice: the placement check and the outer document); each slice goes to the share its
+    middle byte falls in.
+    """
+    sliced = sum(b - a for cut in ordered for a, b in cut.span.slices)
+    before = 2 * (size - sliced)
+    total = before + sliced
+    ranges: list[tuple[_Cut, int, int]] = []
+    for cut in ordered:
+        for a, b in cut.span.slices:
+            mine = min(shares - 1, (before + (b - a) // 2) * shares // total) == share
+            before += b - a
+            if not mine:
+                continue
+            if ranges and ranges[-1][0] is cut and ranges[-1][2] + 1 == a:
+                ranges[-1] = (cut, ranges[-1][1], b)  # the comma between them is taken in
+            else:
+                ranges.append((cut, a, b))
+    return ranges

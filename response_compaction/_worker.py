@@ -3,8 +3,9 @@
 Nothing in the package imports this module: it only ever runs as the worker's ``__main__``.
 It reads requests from stdin and writes replies to a copy of stdout (stdout itself goes to
 stderr, so whatever a schema's module prints cannot corrupt the replies). Two request kinds:
-``verify`` (a fresh temporary file against its digest and schema) and ``part`` (a part of a
-stored entry, cut only from bytes whose keyed digest checks; see ``_store._partial``).
+``verify`` (a fresh temporary file against its digest and schema, whole or one share of
+its sliced decode) and ``part`` (a part of a stored entry, cut only from bytes whose keyed
+digest checks; see ``_store._partial``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import msgspec
 from ._digest import digest_hex
 from ._part import part_of
 from ._pool import receive, resolve, send
+from ._slices import decode_layout
 from ._store._partial import RAISED, on_entry
 from ._store._paths import FILE_FLAGS
 from ._store._verify import (
@@ -29,6 +31,7 @@ from ._store._verify import (
     decode_outcome,
     decodes_plainly,
     verify_path,
+    verify_share_path,
 )
 
 #: Work on a whole entry's bytes, by request kind: ``args`` in, a msgpack-encodable result out.
@@ -48,6 +51,13 @@ def _verify(request: dict[str, Any], load: Callable[[str], Any]) -> tuple[dict[s
         request["key"],
     )
     try:
+        if "share" in request:  # one of several workers verifying one file (``_verifiers``)
+            share, shares = request["share"]
+            spans = decode_layout(request["layout"])
+            ok, decoded = verify_share_path(
+                path, hex_digest, size, schema, key, spans, share, shares
+            )
+            return {"ok": ok}, decoded
         if hex_digest is None:
             return _hashed(path, size, schema, key)
         problem, value = verify_path(path, hex_digest, size, schema, key)

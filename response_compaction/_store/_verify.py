@@ -19,7 +19,7 @@ from .._digest import digest_hex, matches
 from .._perf import paused_gc
 from .._pydantic import is_pydantic_schema
 from .._refusals import type_nodes
-from .._slices import Sign, decode_sliced, open_layout, seal_layout
+from .._slices import Sign, decode_sliced, open_layout, seal_layout, share_decodes
 from ._aside import Aside
 from ._fileio import FileBackend
 from ._index import Entry
@@ -42,6 +42,7 @@ __all__ = [
     "sealed_layout",
     "verify_file",
     "verify_path",
+    "verify_share_path",
 ]
 
 #: Verifying at least this many bytes (when nobody needs the value) runs in a worker process
@@ -273,7 +274,7 @@ async def verify_file(
     can travel there. Raises ``ValueError`` with what is wrong.
     """
     if use_worker and size >= WORKER_VERIFY_BYTES and not want_value:
-        problem = await _verifiers.verify(path, hex_digest, size, schema, key)
+        problem = await _verifiers.verify(path, hex_digest, size, schema, key, spans)
         if problem is not _pool.NOT_DONE:
             if problem is not None:
                 raise ValueError(problem)
@@ -304,6 +305,35 @@ def verify_path(
         return None, checked_decode(data, hex_digest, size, schema, key)
     except ValueError as exc:
         return str(exc), None
+
+
+def verify_share_path(
+    path: str, hex_digest: str, size: int, schema: Any, key: bytes,
+    spans: tuple[Span, ...], share: int, shares: int,
+) -> tuple[bool, Any]:  # fmt: skip
+    """In a worker process: whether one share of the file's sliced decode vouches for it.
+
+    True when the file holds ``size`` bytes with digest ``hex_digest`` and share ``share`` of
+    its sliced decode succeeds (``_slices.share_decodes``); beside it what was decoded, for
+    the worker to free after its reply. Every share checks the digest of the bytes it read
+    itself. False says only that this share could not vouch for the file: a whole
+    verification then says what is wrong, if anything. ``OSError`` is left to the caller,
+    as in :func:`verify_path`.
+    """
+    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        data = file.readall()
+    if len(data) != size:
+        return False, None
+    if not decodes_plainly(schema):  # code of the caller's sees only checked bytes
+        if not matches(key, data, hex_digest):
+            return False, None
+        decoded = share_decodes(data, schema, spans, share, shares)
+        return decoded is not None, decoded
+    deciding = Aside(share_decodes, data, schema, spans, share, shares, pool="decode")
+    intact = matches(key, data, hex_digest)  # hashing lets go of the GIL for the helper
+    decoded = deciding.wait()
+    return intact and decoded is not None, decoded
 
 
 def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
