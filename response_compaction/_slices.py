@@ -247,7 +247,7 @@ async def _decode_cut(
     if cut.span.mapping:
         members: dict[str, Any] = {}
         for a, b in cut.span.slices:
-            decoded = decoder.decode(b"".join((b"{", view[a:b], b"}")))
+            decoded = _some(decoder.decode(b"".join((b"{", view[a:b], b"}"))))
             # Growing the whole is a step of its own: at 345k keys a dict's resize, at 2.7M
             # items a list's copy, took 12-15 ms in one C call, beside a 4 ms slice decode.
             await checkpoint()
@@ -256,11 +256,23 @@ async def _decode_cut(
         return members
     collected: list[Any] = []
     for a, b in cut.span.slices:
-        items = decoder.decode(b"".join((b"[", view[a:b], b"]")))
+        items = _some(decoder.decode(b"".join((b"[", view[a:b], b"]"))))
         await checkpoint()  # as above
         collected.extend(items)
         await checkpoint()
     return collected
+
+
+def _some(decoded: Any) -> Any:
+    """``decoded``, unless it is empty: a slice holds one element or more.
+
+    A slice of whitespace alone (a ``msgspec.Raw`` item of blanks is written as it is)
+    decodes as an empty container, but leaves ``[1, ,2]`` in the document, which is not
+    JSON: only the whole decode may judge it.
+    """
+    if not decoded:
+        raise msgspec.DecodeError("a slice holds no element")  # caught: the whole decode runs
+    return decoded
 
 
 def _outer(view: memoryview, ordered: list[_Cut], placeholder: Callable[[int], bytes]) -> bytes:
@@ -315,7 +327,7 @@ def share_decodes(
             # Consecutive slices of one array, commas between (``_tiles``): one decode.
             ends = (b"{", b"}") if cut.span.mapping else (b"[", b"]")
             decoder = _list_decoder(cut.item_list_type)
-            decoded.append(decoder.decode(b"".join((ends[0], view[a:b], ends[1]))))
+            decoded.append(_some(decoder.decode(b"".join((ends[0], view[a:b], ends[1])))))
         if share == 0 and ordered[0].attr is not None:  # a struct: its fields, as decode_sliced
             if not _placed_where_named(view, ordered):
                 return None

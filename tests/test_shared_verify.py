@@ -50,7 +50,12 @@ def _whole_ok(data: bytes, schema: Any) -> bool:
     return True
 
 
-ints_or_not = st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.text(max_size=8)
+# A ``msgspec.Raw`` of blanks is written as it is: a slice of it holds no element.
+ints_or_not = (
+    st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.text(max_size=8)
+    | st.sampled_from([msgspec.Raw(b" "), msgspec.Raw(b"\n\t ")])
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -106,6 +111,17 @@ def test_a_layout_naming_the_wrong_field_vouches_for_nothing() -> None:
     assert share_decodes(data, Two, forged, 0, 2) is None
 
 
+def test_a_share_of_blanks_vouches_for_nothing() -> None:
+    """A share whose only slice is whitespace decodes as an empty list, but the document
+    (``[1,      ]``) is not JSON: that share fails."""
+    data = b"[1,      ]"
+    spans = (Span(None, 0, len(data), ((1, 2), (3, len(data) - 1))),)
+    with pytest.raises(ValueError, match="malformed"):
+        decode_exact(data, list[int])
+    assert share_decodes(data, list[int], spans, 0, 2) is not None
+    assert share_decodes(data, list[int], spans, 1, 2) is None
+
+
 # ------------------------------------------------------------------ through the workers
 
 
@@ -158,6 +174,23 @@ async def test_a_share_that_cannot_vouch_leaves_the_verdict_to_a_whole_verificat
         await compact(harness, value)
     assert str(refused.value) == str(whole.value)
     assert _pool.POOL.calls == before + pool_of_two + 1
+
+
+@pytest.mark.anyio
+async def test_a_value_whose_bytes_are_not_json_is_refused(
+    harness: rc.Harness, pool_of_two: int
+) -> None:
+    """``msgspec.Raw`` items are written as they are: a last item of blanks alone in the last
+    share leaves a trailing comma. Refused by the whole verification, never stored."""
+    row = msgspec.Raw(b'{"id":1,"name":"n"}' + b" " * (1 << 18))
+    # Written in two slices (16 rows, then the blanks), the blanks alone in the last share.
+    value = Exact(rows=[row] * 16 + [msgspec.Raw(b" " * (3 << 20))], total=1)  # type: ignore[arg-type]
+    before = _pool.POOL.calls
+    with pytest.raises(ValueError, match="malformed"):
+        await compact(harness, value)
+    assert _pool.POOL.calls == before + pool_of_two + 1
+    missing = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
+    assert missing == rc.Missing()
 
 
 @pytest.mark.anyio

@@ -106,6 +106,23 @@ async def test_a_wrong_layout_falls_back_to_the_whole_decode() -> None:
     assert await decode_sliced(data, Exact, forged, CountingCheckpoint()) == value
 
 
+@pytest.mark.parametrize(
+    ("data", "schema", "mapping"),
+    [(b"[1, ,2,3]", list[int], False), (b'{"a":1, ,"b":2}', dict[str, int], True)],
+)
+async def test_a_slice_of_blanks_is_judged_by_the_whole_decode(
+    data: bytes, schema: Any, mapping: bool
+) -> None:
+    """A slice holding only whitespace (a ``msgspec.Raw`` item of blanks is written as it is)
+    leaves a document that is not JSON: refused, never read as the other slices' items."""
+    comma = data.index(b",")
+    blank = (comma + 1, comma + 2)
+    slices = ((1, comma), blank, (blank[1] + 1, len(data) - 1))
+    spans = (Span(None, 0, len(data), slices, mapping=mapping),)
+    with pytest.raises(ValueError, match="malformed"):
+        await decode_sliced(data, schema, spans, CountingCheckpoint())
+
+
 async def test_invalid_content_reports_msgspecs_whole_document_error() -> None:
     """Slices that do not validate give the same error a whole decode gives."""
     value = big_exact(2000)
