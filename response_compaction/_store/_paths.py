@@ -313,6 +313,11 @@ def open_regular(
             raise NotRegularFileError(errno.EINVAL, "is not a regular file", path) from exc
         raise
     st = os.fstat(fd)
+    if st.st_nlink == 0 and stat.S_ISREG(st.st_mode):
+        # Removed since the open (another process evicted it): gone, as if the open had
+        # come a moment later, never "other hard links" (a valid entry read Broken).
+        os.close(fd)
+        raise FileNotFoundError(errno.ENOENT, "was removed while it was opened", path)
     if st.st_nlink != 1 or not stat.S_ISREG(st.st_mode):
         os.close(fd)
         regular = stat.S_ISREG(st.st_mode)
