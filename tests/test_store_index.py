@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,7 @@ def test_an_index_in_use_stays_open_and_idle_ones_beyond_the_cap_close(tmp_path:
         _indexes.release(index)
     # The first is still in use although it is the least recently opened: it still works.
     assert held[0].counts(0.0) == {}
+    _indexes.wait_for_closes()  # closed in a helper thread, off the releasing call's path
     with pytest.raises(sqlite3.ProgrammingError):
         held[1].counts(0.0)  # idle and beyond the cap: closed
     assert held[-1].counts(0.0) == {}
@@ -66,6 +68,44 @@ def test_an_index_in_use_stays_open_and_idle_ones_beyond_the_cap_close(tmp_path:
         held[0].counts(0.0)
     fresh = _indexes.acquire(roots[0])
     assert fresh is not held[0]  # a new connection after close_all
+    _indexes.release(fresh)
+    _indexes.close_all()
+
+
+def test_an_index_let_go_beyond_the_cap_closes_off_the_releasing_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing (a checkpoint: a write and an fsync) is not paid by whoever released last.
+
+    Each close here waits for a gate the test opens only after ``release`` returned: a close
+    run by the releasing call would block it for the gate's whole timeout, then be seen.
+    """
+    _indexes.close_all()
+    gate, closed = threading.Event(), threading.Event()
+    close = _index.Index.close
+
+    def gated(index: _index.Index) -> None:
+        gate.wait(timeout=5)
+        close(index)
+        closed.set()
+
+    monkeypatch.setattr(_index.Index, "close", gated)
+    roots = [prepare_root(str(tmp_path / f"ws{n}")) for n in range(_indexes.MAX_IDLE_INDEXES + 1)]
+    held = [_indexes.acquire(root) for root in roots]
+    try:
+        for index in held:
+            _indexes.release(index)  # the last one's release lets the first go
+        assert not closed.is_set()
+        assert held[0].counts(0.0) == {}  # out of the table, not closed yet
+    finally:
+        gate.set()
+    _indexes.wait_for_closes()
+    assert closed.is_set()
+    with pytest.raises(sqlite3.ProgrammingError):
+        held[0].counts(0.0)
+    fresh = _indexes.acquire(roots[0])
+    assert fresh is not held[0]
+    assert fresh.counts(0.0) == {}
     _indexes.release(fresh)
     _indexes.close_all()
 

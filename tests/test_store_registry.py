@@ -2,8 +2,9 @@
 
 The event loop thread takes that lock to release what its inline reads acquired: a worker
 opening an index (SQLite may wait ``BUSY_MS`` for another process) or closing one (a
-checkpoint: a write and an fsync) under it made the loop wait too. What runs under the lock is
-seen through the interpreter's own profile hook, in the thread that does the work.
+checkpoint: a write and an fsync) under it made the loop wait too. Opens are seen through the
+interpreter's own profile hook, in the thread that does the work; closes, which a helper thread
+runs now (off the releasing call's path), through a wrapper of ``Index.close``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,20 +27,56 @@ from response_compaction._store._paths import prepare_root
 
 @contextmanager
 def _lock_held_at() -> Iterator[dict[str, list[bool]]]:
-    """Whether the table's lock was held each time this thread opened or closed an index."""
-    seen: dict[str, list[bool]] = {"open": [], "close": []}
+    """Whether the table's lock was held each time this thread opened an index."""
+    seen: dict[str, list[bool]] = {"open": []}
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
         if event == "c_call" and arg is sqlite3.connect:
             seen["open"].append(_indexes._lock.locked())
-        elif event == "call" and frame.f_code is _index.Index.close.__code__:
-            seen["close"].append(_indexes._lock.locked())
 
     sys.setprofile(hook)
     try:
         yield seen
     finally:
         sys.setprofile(None)
+
+
+class _Closes:
+    """Each index close as (run by the test's thread, the table's lock held), in order run.
+
+    A close in a helper waits until the ``_closes`` block is over, and the test then waits
+    for it with :meth:`wait`, which takes no lock: a lock seen held is the closer's own.
+    """
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, bool]] = []
+        self.gate, self.done = threading.Event(), threading.Semaphore(0)
+        self.here, self.close = threading.get_ident(), _index.Index.close
+
+    def gated(self, index: _index.Index) -> None:
+        if threading.get_ident() != self.here:
+            self.gate.wait(timeout=10)
+        self.seen.append((threading.get_ident() == self.here, _indexes._lock.locked()))
+        self.close(index)
+        self.done.release()
+
+    def wait(self, count: int) -> None:
+        for _ in range(count):
+            assert self.done.acquire(timeout=10)
+
+
+@contextmanager
+def _closes(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Closes]:
+    closes = _Closes()
+
+    def close(index: _index.Index) -> None:
+        closes.gated(index)
+
+    monkeypatch.setattr(_index.Index, "close", close)
+    try:
+        yield closes
+    finally:
+        closes.gate.set()
 
 
 def _closed(index: _index.Index) -> bool:
@@ -56,33 +94,40 @@ def roots(tmp_path: Path) -> Iterator[list[str]]:
     _indexes.close_all()
 
 
-def test_an_index_opens_and_idle_ones_close_outside_the_lock(roots: list[str]) -> None:
-    with _lock_held_at() as seen:
+def test_an_index_opens_and_idle_ones_close_outside_the_lock(
+    roots: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened by the acquiring thread outside the lock; closed by a helper, outside it too."""
+    with _lock_held_at() as seen, _closes(monkeypatch) as closes:
         held = [_indexes.acquire(root) for root in roots]
         for index in held:
             _indexes.release(index)  # the last ones close the first, idle beyond the cap
     assert seen["open"]
     assert not any(seen["open"])
-    assert seen["close"]
-    assert not any(seen["close"])
+    closes.wait(2)
+    assert closes.seen == [(False, False)] * 2
     assert _closed(held[0])
     assert not _closed(held[-1])
 
 
-def test_the_loop_leaves_a_retired_index_to_the_next_worker_to_close(roots: list[str]) -> None:
+def test_the_loop_leaves_a_retired_index_to_the_next_worker_to_close(
+    roots: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The loop's release of the last use of an index whose file was replaced closes nothing
-    (a checkpoint on the loop); the next release in a worker closes it, outside the lock."""
+    (a checkpoint on the loop); the next release in a worker has a helper close it, outside
+    the lock."""
     stale = _indexes.acquire(roots[0])  # a read on the loop holds it
     Path(stale.path).unlink()  # replaced (e.g. by a prune --broken of the index, or by hand)
     fresh = _indexes.acquire(roots[0])  # a worker opens the new one, retiring the old
     assert fresh is not stale
-    with _lock_held_at() as seen:
+    with _closes(monkeypatch) as closes:
         _indexes.release(stale, close_idle=False)
-    assert seen["close"] == []
-    assert not _closed(stale)
-    with _lock_held_at() as seen:
+        _indexes.wait_for_closes()
+        assert closes.seen == []
+        assert not _closed(stale)
         _indexes.release(fresh)
-    assert seen["close"] == [False]
+    closes.wait(1)
+    assert closes.seen == [(False, False)]
     assert _closed(stale)
     assert not _closed(fresh)
 

@@ -8,21 +8,30 @@ The lock guards the table and nothing else. Opening an index (SQLite, its schema
 an fsync) happen outside it: the event loop thread takes it too, to release what its inline
 reads and renewals acquired, and must never wait for a disk or another process behind it.
 Nor does the loop close anything itself: what its release would close is left to the next
-release or acquire of a worker thread.
+release or acquire of a worker thread, and that hands it to a helper thread (``_close``).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import os
 import sqlite3
 import threading
 
+from ._aside import executor
 from ._index import Index
 from ._paths import PROCESS
 
-__all__ = ["MAX_IDLE_INDEXES", "acquire", "acquire_now", "close_all", "release"]
+__all__ = [
+    "MAX_IDLE_INDEXES",
+    "acquire",
+    "acquire_now",
+    "close_all",
+    "release",
+    "wait_for_closes",
+]
 
 MAX_IDLE_INDEXES = 8
 
@@ -41,12 +50,15 @@ _open: collections.OrderedDict[tuple[int, str], _Slot] = collections.OrderedDict
 _retired: dict[int, _Slot] = {}
 # Retired indexes whose last user was the event loop thread: the next worker closes them.
 _unclosed: list[Index] = []
+# Closes under way in a helper thread (see _close), for close_all to wait for.
+_closing: set[concurrent.futures.Future[None]] = set()
 _lock = threading.Lock()
 
 
 def _forget_lock_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # it may have been held by a thread that does not exist here
+    _closing.clear()  # the parent's helpers: none of them runs here
 
 
 os.register_at_fork(after_in_child=_forget_lock_in_child)
@@ -153,6 +165,30 @@ def _take_unclosed() -> list[Index]:
 
 
 def _close(indexes: list[Index]) -> None:
+    """Close ``indexes`` in a helper thread: off the path of the call that let them go.
+
+    Closing an index checkpoints its WAL (a write and an fsync, about 1 ms here): with more
+    stores in use than ``MAX_IDLE_INDEXES``, every put paid for closing another store's.
+    Nobody can reach these any more (out of the table, no user left).
+    """
+    if not indexes:
+        return
+    try:
+        closing = executor("close").submit(_close_now, indexes)
+    except RuntimeError:  # shutting down, or no thread can be started
+        _close_now(indexes)
+        return
+    with _lock:
+        _closing.add(closing)
+    closing.add_done_callback(_closed)
+
+
+def _closed(closing: concurrent.futures.Future[None]) -> None:
+    with _lock:
+        _closing.discard(closing)
+
+
+def _close_now(indexes: list[Index]) -> None:
     for index in indexes:
         # Best effort, as a garbage-collected connection would be: it is gone either way,
         # and the caller's own operation (which may have succeeded) is not this close's.
@@ -161,8 +197,19 @@ def _close(indexes: list[Index]) -> None:
 
 
 def close_all() -> None:
-    """Close every idle index of this process (tests, and hosts that want their fds back)."""
+    """Close every idle index of this process (tests, and hosts that want their fds back).
+
+    Returns once they are closed, those let go earlier (closed in a helper) included.
+    """
     with _lock:
         idle = [key for key, slot in _open.items() if slot.users == 0]
         closing = [_open.pop(key).index for key in idle] + _take_unclosed()
-    _close(closing)
+    _close_now(closing)
+    wait_for_closes()
+
+
+def wait_for_closes() -> None:
+    """Return once every close handed to a helper so far (see :func:`_close`) is over."""
+    with _lock:
+        pending = list(_closing)
+    concurrent.futures.wait(pending)
