@@ -15,7 +15,7 @@ import pytest
 import response_compaction as rc
 from response_compaction._store import _indexes
 from response_compaction._store._paths import open_dir
-from tests._store_support import FaultyBackend, compact, entry_path, store_root
+from tests._store_support import FaultyBackend, compact, entry_path, open_index, store_root
 from tests.schemas import Exact, Row
 
 pytestmark = pytest.mark.anyio
@@ -199,3 +199,38 @@ def test_a_directory_is_opened_first_and_made_only_when_absent(
     assert made == ["ab"]
     assert recorder.root_syncs(_identity(tmp_path)) == 1
     assert oct((tmp_path / "ab").stat().st_mode & 0o777) == "0o700"
+
+
+async def test_uses_written_by_a_read_do_not_sync_and_the_next_store_does(
+    harness: rc.Harness,
+) -> None:
+    """A read writes the batch of uses due in a commit that does not sync the WAL (an fsync a
+    read more than a second after the last one paid); the store after it syncs as before."""
+    await compact(harness, A)
+    ref = (await compact(harness, A)).receipt.exact_ref
+    statements: list[str] = []
+    with open_index(harness) as (_, index):
+        index._conn.set_trace_callback(statements.append)
+        try:
+            for _ in range(3):  # the first is served inline; the batch then due, in a thread
+                assert await rc.response_compaction_read_exact(harness, ref, Exact) == rc.Found(
+                    value=A
+                )
+            reads = len(statements)
+            await compact(harness, Exact(rows=[Row(id=2, name="beta")], total=1))
+        finally:
+            index._conn.set_trace_callback(None)
+    assert "COMMIT" in statements[:reads]
+    assert _commit_modes(statements[:reads]) == {"NORMAL"}
+    assert _commit_modes(statements[reads:]) == {"FULL"}
+
+
+def _commit_modes(statements: list[str]) -> set[str]:
+    """The synchronous mode each COMMIT in ``statements`` ran under (FULL unless set)."""
+    mode, modes = "FULL", set()
+    for statement in statements:
+        if statement.startswith("PRAGMA synchronous="):
+            mode = statement.removeprefix("PRAGMA synchronous=")
+        elif statement == "COMMIT":
+            modes.add(mode)
+    return modes
