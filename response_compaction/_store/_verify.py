@@ -298,9 +298,7 @@ def verify_path(
     a decoded tree takes a fifth as long as decoding it (8 ms for 10 MB of short strings).
     ``OSError`` is left to the caller: "this worker could not do the job", not a verdict.
     """
-    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
-    with os.fdopen(fd, "rb", buffering=0) as file:
-        data = file.readall()
+    data = _read_back(path)
     try:
         return None, checked_decode(data, hex_digest, size, schema, key)
     except ValueError as exc:
@@ -320,9 +318,7 @@ def verify_share_path(
     verification then says what is wrong, if anything. ``OSError`` is left to the caller,
     as in :func:`verify_path`.
     """
-    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
-    with os.fdopen(fd, "rb", buffering=0) as file:
-        data = file.readall()
+    data = _read_back(path)
     if len(data) != size:
         return False, None
     if not decodes_plainly(schema):  # code of the caller's sees only checked bytes
@@ -334,6 +330,13 @@ def verify_share_path(
     intact = matches(key, data, hex_digest)  # hashing lets go of the GIL for the helper
     decoded = deciding.wait()
     return intact and decoded is not None, decoded
+
+
+def _read_back(path: str) -> bytes:
+    """In a worker process: all of the temp file at ``path`` (``OSError`` to the caller)."""
+    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        return file.readall()
 
 
 def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
