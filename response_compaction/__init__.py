@@ -7,7 +7,7 @@
 Blocking twins live in :mod:`response_compaction.sync`.
 """
 
-from importlib import metadata as _metadata
+import typing as _typing
 
 from ._compact import response_compact as response_compact
 from ._compact import response_compaction_read_exact as response_compaction_read_exact
@@ -66,12 +66,20 @@ __all__ = (
 )
 
 
-def _version() -> str:
-    # pyproject.toml is the one place the version is written; an uninstalled checkout has none.
+if _typing.TYPE_CHECKING:
+    __version__: str
+
+
+def __getattr__(name: str) -> str:
+    # Looked up on first use: importlib.metadata costs 20-60 ms of every import here, and the
+    # import budget is 150 ms. pyproject.toml is the one place the version is written.
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import metadata
+
     try:
-        return _metadata.version("response-compaction")
-    except _metadata.PackageNotFoundError:  # pragma: no cover - only without an install
-        return "0+unknown"
-
-
-__version__ = _version()
+        version = metadata.version("response-compaction")
+    except metadata.PackageNotFoundError:  # pragma: no cover - only without an install
+        version = "0+unknown"
+    globals()["__version__"] = version
+    return version

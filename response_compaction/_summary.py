@@ -7,7 +7,6 @@ The model side is a small protocol (:class:`SummaryModel`) so any provider can p
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,6 +98,8 @@ def _loop_identity() -> object:
         import trio
 
         return trio.lowlevel.current_trio_token()
+    import asyncio  # here, not at the top: already loaded when asyncio runs; 20-30 ms otherwise
+
     return asyncio.get_running_loop()
 
 
