@@ -71,7 +71,7 @@ if _typing.TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> str:
-    # Looked up on first use: importlib.metadata costs 20-60 ms of every import here, and the
+    # Looked up on first use: importlib.metadata cost 15-25 ms of every import here, and the
     # import budget is 150 ms. pyproject.toml is the one place the version is written.
     if name != "__version__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -89,7 +89,7 @@ def test_version_comes_from_the_package_metadata() -> None:
 
 def test_import_leaves_what_it_does_not_need_unloaded() -> None:
     """A bare import loads neither the version machinery nor asyncio (a trio process never
-    needs it): together 40-60 ms of a 150 ms import budget, paid only when used."""
+    needs it): together 35-55 ms of a 150 ms import budget, paid only when used."""
     heavy = ("importlib.metadata", "asyncio", "aiofiles")
     script = f"import sys, response_compaction; print([m for m in {heavy!r} if m in sys.modules])"
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
