@@ -14,6 +14,9 @@ import os
 import secrets
 import sqlite3
 import stat
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -185,6 +188,70 @@ def test_work_aside_returns_its_result_and_raises_its_error() -> None:
     with pytest.raises(OSError, match="Bad file descriptor") as raised:
         failing.wait()
     assert raised.value.errno == errno.EBADF
+
+
+def _helper_threads(pool: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"response-compaction-{pool}"]
+
+
+def test_aside_helpers_stay_within_their_bound_and_are_reused() -> None:
+    """A pool runs at most MAX_THREADS jobs at once (the rest wait their turn), then reuses them."""
+    pool = f"test-{secrets.token_hex(4)}"
+    release = threading.Event()
+    running: list[str] = []
+
+    def job(i: int) -> int:
+        running.append(threading.current_thread().name)
+        release.wait(timeout=30)
+        return i
+
+    count = _aside.MAX_THREADS + 2
+    jobs = [_aside.Aside(job, i, pool=pool) for i in range(count)]
+    assert len(_helper_threads(pool)) == _aside.MAX_THREADS
+    release.set()
+    assert [j.wait() for j in jobs] == list(range(count))
+    assert running == [f"response-compaction-{pool}"] * count
+    for i in range(20):  # one after another: an idle helper takes each, none is started
+        assert _aside.Aside(int, i, pool=pool).wait() == i
+    assert len(_helper_threads(pool)) == _aside.MAX_THREADS
+
+
+def test_an_aside_begun_is_under_way_when_made() -> None:
+    """``begun`` returns once a helper runs the job; ``done`` says when it has returned."""
+    pool = f"test-{secrets.token_hex(4)}"
+    started, release = threading.Event(), threading.Event()
+
+    def job() -> str:
+        started.set()
+        release.wait(timeout=30)
+        return threading.current_thread().name
+
+    aside = _aside.begun(pool, job)
+    assert started.is_set()
+    assert not aside.done()
+    release.set()
+    assert aside.wait() == f"response-compaction-{pool}"
+    assert aside.done()
+
+
+def test_helpers_end_at_exit_and_later_work_runs_in_its_caller() -> None:
+    """At exit the helpers finish what was queued and end; an Aside made after runs inline."""
+    script = textwrap.dedent(
+        """
+        import threading
+        from response_compaction._store import _aside
+        first = _aside.Aside(threading.current_thread)
+        assert first.wait() is not threading.main_thread()
+        _aside._stop_helpers()  # what the interpreter's exit runs
+        assert threading.active_count() == 1, threading.enumerate()
+        assert _aside.Aside(threading.current_thread).wait() is threading.main_thread()
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
 
 
 async def _temp_items(harness: rc.Harness, count: int) -> tuple[str, list[Publication]]:
