@@ -68,16 +68,17 @@ class Suite(ManyValues):
         first = len(self.results)
         self._peers_big(section, workload, repeats)
         floors: dict[str, dict[str, list[float]]] = {b: {_PUT: [], _READ: []} for b in BACKENDS}
-        where = ("", "")
-        for backend in BACKENDS:
-            where = anyio.run(
-                self._async_big, section, workload, repeats, floors[backend], backend=backend
-            )
+        homes = [
+            anyio.run(self._async_big, section, workload, repeats, floors[b], backend=b)
+            for b in BACKENDS
+        ]
         # The floor was timed inside each backend's run, alternating with the library's steps,
         # so drift on a shared machine hits both alike.
         self.add_floors(section, first, floors)
         if workload.size >= self.plan.memory_min_bytes and shape in self.plan.memory_shapes:
-            self._memory_big(section, workload, where)
+            self._memory_big(section, workload, homes[-1])
+        for workspace, _ in homes:  # a full run's stores did not fit in 6 GB of free disk
+            shutil.rmtree(workspace, ignore_errors=True)
         del workload
         gc.collect()
 
@@ -95,6 +96,7 @@ class Suite(ManyValues):
                     _floor.diskcache_get(cache, "k0")
         finally:
             cache.close()
+            shutil.rmtree(cache.directory, ignore_errors=True)
         self.add(Result(section, _DC_SET, "-", sets, floor=_PUT))
         self.add(Result(section, _DC_GET, "-", gets, floor=_READ))
         naive: list[float] = []
