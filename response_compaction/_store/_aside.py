@@ -180,7 +180,7 @@ class Aside(Generic[T]):
     behind checks waiting for the index's lock).
     """
 
-    __slots__ = ("_args", "_claim", "_done", "_error", "_fn", "_started", "_value")
+    __slots__ = ("_args", "_claim", "_done", "_error", "_finished", "_fn", "_started", "_value")
 
     def __init__(
         self, fn: Callable[..., T], *args: Any, pool: str = "aside", begun: bool = False
@@ -195,6 +195,7 @@ class Aside(Generic[T]):
         if self._started is not None:
             self._started.acquire()
         self._error: BaseException | None = None
+        self._finished = False  # set before _done is released: done() never takes the lock
         try:
             _helpers_of(pool).submit(self)
         except RuntimeError:  # shutting down, or "can't start new thread" (maybe queued)
@@ -212,11 +213,12 @@ class Aside(Generic[T]):
         except BaseException as exc:  # handed to whoever waits
             self._error = exc
         finally:
+            self._finished = True
             self._done.release()
 
     def done(self) -> bool:
         """Whether ``fn`` has returned (or raised) by now."""
-        return not self._done.locked()
+        return self._finished
 
     def wait(self) -> T:
         """``fn``'s result once it has returned; raises what it raised."""
@@ -227,8 +229,9 @@ class Aside(Generic[T]):
 
     def join(self) -> None:
         """Return once ``fn`` has, whatever it did (for a caller already failing)."""
-        with self._done:  # released by _run, and at once again here for any other waiter
-            pass
+        if not self._finished:
+            with self._done:  # released by _run, and at once again here for any other waiter
+                pass
 
 
 def begun(name: str, fn: Callable[[], T]) -> Aside[T]:
