@@ -18,7 +18,6 @@ call.
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import contextlib
 import os
 import queue
@@ -31,40 +30,19 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import msgspec.structs
 
-__all__ = ["MAX_THREADS", "Aside", "begun", "executor", "free_in_slices", "fsync", "let_go"]
+__all__ = ["MAX_THREADS", "Aside", "begun", "free_in_slices", "fsync", "let_go"]
 
 T = TypeVar("T")
 
 #: Helper threads at most (each runs one task at a time; they exit with the interpreter).
 MAX_THREADS = 4
 
-#: Per process and name: (pid, pool). A forked child has none of its parent's threads.
-_pools: dict[str, tuple[int, concurrent.futures.ThreadPoolExecutor]] = {}
 _lock = threading.Lock()
-
-
-def executor(name: str = "aside") -> concurrent.futures.ThreadPoolExecutor:
-    """The pool of ``MAX_THREADS`` helper threads called ``name`` in this process.
-
-    For jobs whose caller keeps a future (``let_go``, the index closes of ``_indexes``); work
-    beside a disk wait is an :class:`Aside`, on lighter threads of its own.
-    """
-    held = _pools.get(name)
-    if held is None or held[0] != os.getpid():
-        with _lock:
-            held = _pools.get(name)
-            if held is None or held[0] != os.getpid():
-                pool = concurrent.futures.ThreadPoolExecutor(
-                    MAX_THREADS, thread_name_prefix=f"response-compaction-{name}"
-                )
-                held = _pools[name] = (os.getpid(), pool)
-    return held[1]
 
 
 def _forget_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # it may have been held by a thread that does not exist here
-    _pools.clear()
     _helpers.clear()
 
 
@@ -254,8 +232,7 @@ def let_go(values: list[Any]) -> None:
     """
     job = values.copy()
     values.clear()
-    with contextlib.suppress(RuntimeError):  # shutting down, or no thread can be started
-        executor("drop").submit(free_in_slices, job)
+    Aside(free_in_slices, job, pool="drop")  # nobody waits for it
 
 
 #: Items of one list or dict freed at a time by :func:`free_in_slices`, then a pause.

@@ -14,13 +14,12 @@ release or acquire of a worker thread, and that hands it to a helper thread (``_
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import os
 import sqlite3
 import threading
 
-from ._aside import executor
+from ._aside import Aside
 from ._index import Index
 from ._paths import PROCESS
 
@@ -51,7 +50,7 @@ _retired: dict[int, _Slot] = {}
 # Retired indexes whose last user was the event loop thread: the next worker closes them.
 _unclosed: list[Index] = []
 # Closes under way in a helper thread (see _close), for close_all to wait for.
-_closing: set[concurrent.futures.Future[None]] = set()
+_closing: set[Aside[None]] = set()
 _lock = threading.Lock()
 
 
@@ -173,19 +172,11 @@ def _close(indexes: list[Index]) -> None:
     """
     if not indexes:
         return
-    try:
-        closing = executor("close").submit(_close_now, indexes)
-    except RuntimeError:  # shutting down, or no thread can be started
-        _close_now(indexes)
-        return
+    closing = Aside(_close_now, indexes, pool="close")  # run here if no helper can be had
     with _lock:
-        _closing.add(closing)
-    closing.add_done_callback(_closed)
-
-
-def _closed(closing: concurrent.futures.Future[None]) -> None:
-    with _lock:
-        _closing.discard(closing)
+        _closing.difference_update([c for c in _closing if c.done()])  # a few at most
+        if not closing.done():
+            _closing.add(closing)
 
 
 def _close_now(indexes: list[Index]) -> None:
@@ -212,4 +203,5 @@ def wait_for_closes() -> None:
     """Return once every close handed to a helper so far (see :func:`_close`) is over."""
     with _lock:
         pending = list(_closing)
-    concurrent.futures.wait(pending)
+    for closing in pending:
+        closing.join()
