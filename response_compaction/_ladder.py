@@ -12,7 +12,6 @@ call goes to the ``response_compaction`` logger at DEBUG, without content.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
@@ -268,7 +267,7 @@ async def _ask(
 ) -> tuple[AttemptOutcome, RungReply, Any]:
     """One call, recorded as one attempt. ``final`` calls set the result when they succeed."""
     run.calls += 1
-    started = time.perf_counter()
+    started = anyio.current_time()  # the clock budgets are kept on
     try:
         reply = await run.model.complete(route, run.request(view.text))
     except anyio.get_cancelled_exc_class():
@@ -327,7 +326,7 @@ def _record(run: _Run, attempt: Attempt) -> None:
 
 
 def _ms(started: float) -> int:
-    return max(0, round((time.perf_counter() - started) * 1000))
+    return max(0, round((anyio.current_time() - started) * 1000))
 
 
 async def _full(run: _Run, pv: ProfiledValue, deadline: float) -> FallbackReason:

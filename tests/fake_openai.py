@@ -148,6 +148,7 @@ class FakeOpenAI:
         self.connections = 0
         self.hangups = 0  # hung requests whose client closed the connection
         self._hangup = threading.Event()
+        self._hanging = threading.Event()
         self._lock = threading.Lock()
         self._scripts: dict[str, list[Behaviour]] = {}
         self._arrived: dict[str, threading.Event] = {}
@@ -254,6 +255,11 @@ class FakeOpenAI:
         if not await anyio.to_thread.run_sync(self._hangup.wait, within, abandon_on_cancel=True):
             raise AssertionError(f"no client dropped a hung connection within {within} s")
 
+    async def wait_hanging(self, within: float = 10.0) -> None:
+        """Wait (off the event loop) until a request is being hung (its client is parked)."""
+        if not await anyio.to_thread.run_sync(self._hanging.wait, within, abandon_on_cancel=True):
+            raise AssertionError(f"no request was hung within {within} s")
+
     def _handled(self, index: int, seconds: float) -> None:
         with self._lock:
             old = self.requests[index]
@@ -331,6 +337,7 @@ def _handler_for(owner: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 owner._release.wait(HOLD_LIMIT_S)
                 behaviour = behaviour.then
             if isinstance(behaviour, Hang) or owner._closing.is_set():
+                owner._hanging.set()
                 self._wait_for_hangup()
                 self.close_connection = True
                 return

@@ -9,7 +9,6 @@ waits on an event, and the test waits for the server to say a request has arrive
 from __future__ import annotations
 
 import gc
-import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -433,16 +432,13 @@ async def test_budget_ends_a_hung_rung_with_the_timeout_fallback(
     server.script("hung", Hang())
     server.script("never", summary_reply(GOOD))
     async with model_harness(workspace, server, {"main": ["e500", "hung", "never"]}) as harness:
-        started = time.perf_counter()
         compacted = await compact(harness, timeout_ms=300)
-        wall = time.perf_counter() - started
         read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
     assert compacted.output == rc.FallbackOutput(value=FALLBACK)
     assert compacted.receipt.fallback_reason == "timeout"
     assert outcomes(compacted.receipt) == [("e500", "error"), ("hung", "timeout")]
     assert server.count("never") == 0
-    assert wall < 5.0
-    assert compacted.receipt.elapsed_ms < 5000
+    # An unbounded hang would end as a dropped connection after 30 s: outcome "error".
     assert read == rc.Found(value=BIG)
     assert summary_files(workspace) == []
 
