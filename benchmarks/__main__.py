@@ -19,14 +19,14 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks import _extra, _part
+from benchmarks import _budget, _extra, _part
 from benchmarks._base import Plan
 from benchmarks._machine import library_source, machine, versions
 from benchmarks._report import CAVEATS, render, targets
 from benchmarks._run import Suite
 from benchmarks.workloads import SHAPES
 
-SECTIONS = ("big", "small", "concurrency", "scale", "cold", "raw", "part", "import")
+SECTIONS = ("big", "small", "concurrency", "scale", "cold", "raw", "part", "budget", "import")
 
 
 def _plan(args: argparse.Namespace) -> Plan:
@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             _extra.raw_inputs(suite, max(sizes), plan.shapes)
         if "part" in only:
             _part.read_parts(suite, max(sizes), tuple(s for s in plan.shapes if s != "strings"))
+        if "budget" in only:
+            _budget.overshoot(suite)
         if "import" in only:
             _extra.import_time(suite)
     finally:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import _extra, _part
+from . import _budget, _extra, _part
 from ._base import _COMPACT, _COMPACT_EXACT, _HIT, _READ_OP, BACKENDS, Memory, Result
 from ._loop import Freeze
 from ._run import Suite
@@ -251,6 +251,8 @@ def targets(suite: Suite) -> list[Target]:
     else:
         found.append(Target("90 MB: compaction and read <= 1.0x floor, freeze <= 20 ms",
                             "run --full to measure", None, "-"))  # fmt: skip
+    budget = _budget.verdict(suite)
+    found += [Target(*budget)] if budget is not None else []
     part = _part.verdict(suite)
     if part is not None:
         found.append(Target("read_part <= hash + 20 ms, freeze <= 20 ms", *part))
