@@ -51,7 +51,7 @@ def _silent_server() -> Iterator[str]:
     finally:
         listener.shutdown(socket.SHUT_RDWR)  # wakes accept() on Linux
         listener.close()
-        thread.join()
+        thread.join(timeout=5.0)  # elsewhere accept() may not wake: the thread is a daemon
         for conn in held:
             conn.close()
 

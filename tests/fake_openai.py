@@ -256,7 +256,10 @@ class FakeOpenAI:
             raise AssertionError(f"no client dropped a hung connection within {within} s")
 
     async def wait_hanging(self, within: float = 10.0) -> None:
-        """Wait (off the event loop) until a request is being hung (its client is parked)."""
+        """Wait (off the event loop) until a request is being hung (its client is parked).
+
+        Set once, by the first hung request (or any request after the server began closing).
+        """
         if not await anyio.to_thread.run_sync(self._hanging.wait, within, abandon_on_cancel=True):
             raise AssertionError(f"no request was hung within {within} s")
 

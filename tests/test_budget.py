@@ -1,29 +1,37 @@
 """Budgets that cut hung model calls: ``rung_timeout_ms``, ``timeout_ms`` and the map's share.
 
 The real openai client over real HTTP to the scripted server, on asyncio and trio, whose
-loop clock the test moves by hand (``tests._loop_clock``): each test parks the library at a
-hung request, jumps the clock past a bound, and asserts what the library did about it. No
-assertion reads wall time, so a loaded machine cannot fail these. The bounds are minutes, so
-real time cannot reach one first: a bound that is missing or too long leaves the request hung
-until the server drops it (30 s, ``HOLD_LIMIT_S``), which ends it as an "error", not a
-"timeout". How promptly a real timer fires is measured by the benchmarks, not asserted here.
+loop clock the test moves by hand (``tests._loop_clock``). Each test parks the library at a
+hung request, jumps the clock to 10 s short of the bound under test and checks that no call
+has timed out yet (a bound too short fails here), then jumps the last 10 s (a bound missing
+or too long leaves the request hung until the server drops it after 30 s, ``HOLD_LIMIT_S``,
+which ends it as an "error", not a "timeout"). The bounds are minutes, so real time cannot
+reach one first, and the client's own timeout is an hour, so no other bound is crossed. No
+assertion reads wall time; how promptly a real timer fires is measured by the benchmarks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+import openai
 import pytest
 
 import response_compaction as rc
 from tests._loop_clock import LoopClock
-from tests.fake_openai import FakeOpenAI, Hang, fake_openai, summary_reply
-from tests.schemas import Summary
-from tests.test_coverage import GOOD, Search, attempts, compact, harness_for, search, user_prompt
+from tests.fake_openai import FakeOpenAI, Hang, Status, fake_openai, summary_reply
+from tests.schemas import FALLBACK, Summary
+from tests.test_coverage import GOOD, Search, attempts, search, user_prompt
 
 pytestmark = pytest.mark.anyio
+MARGIN_S = 10.0  # the first jump stops this far short of the bound
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -43,76 +51,139 @@ def server() -> Iterator[FakeOpenAI]:
         yield fake
 
 
+class Calls(logging.Handler):
+    """The outcome of each model call, from the library's own log line, as it is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.outcomes: list[str] = []
+        self._answered: dict[int, threading.Event] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("summary call:"):
+            self.outcomes.append(record.getMessage().split("outcome=")[1].split()[0])
+            self._answered.setdefault(self.outcomes.count("ok"), threading.Event()).set()
+
+    async def wait_answered(self, count: int) -> None:
+        """Wait (off the loop) until ``count`` calls were recorded "ok"."""
+        if count and self.outcomes.count("ok") < count:
+            event = self._answered.setdefault(count, threading.Event())
+            assert await anyio.to_thread.run_sync(event.wait, 10.0, abandon_on_cancel=True)
+
+
+@pytest.fixture
+def calls(caplog: pytest.LogCaptureFixture) -> Iterator[Calls]:
+    caplog.set_level(logging.DEBUG, logger="response_compaction")
+    handler = Calls()
+    logging.getLogger("response_compaction").addHandler(handler)
+    yield handler
+    logging.getLogger("response_compaction").removeHandler(handler)
+
+
+@asynccontextmanager
+async def harness_for(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, routes: list[str]
+) -> AsyncIterator[rc.Harness]:
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test", timeout=3600.0)
+    async with client:
+        yield rc.Harness(fs=workspace, llm=rc.OpenAICatalog(client, {"main": routes}))
+
+
+def summary_files(workspace: rc.LocalWorkspace) -> list[Path]:
+    return sorted(Path(workspace.path).glob("*/summary/*/*"))
+
+
 async def jump_when_hung(
     harness: rc.Harness,
     server: FakeOpenAI,
     clock: LoopClock,
+    calls: Calls,
     seconds: float,
+    answered: int = 0,
     **options: Any,
 ) -> rc.Compacted[Search, Summary]:
-    """Compact ``search(3000)``; once the server is hanging a request, jump ``seconds``."""
+    """Compact ``search(3000)``. Once the server hangs a request and ``answered`` calls are
+    recorded, move the clock ``seconds`` in two steps, checking nothing timed out before."""
     done: list[rc.Compacted[Search, Summary]] = []
 
     async def run() -> None:
-        done.append(await compact(harness, search(3000), **options))
+        opts = {"fallback": FALLBACK, "ladder": "main", **options}
+        done.append(await rc.response_compact(harness, search(3000), Search, Summary, opts))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
         await server.wait_hanging()
-        clock.jump(seconds)
+        await calls.wait_answered(answered)
+        clock.jump(seconds - MARGIN_S)
+        await anyio.lowlevel.checkpoint()  # a timer now due runs (asyncio: on the next turn)
+        await anyio.wait_all_tasks_blocked()  # and what it cancelled has been recorded
+        assert "timeout" not in calls.outcomes, "a bound fired before its time"
+        clock.jump(MARGIN_S)
     return done[0]
 
 
 async def test_rung_timeout_moves_on_and_closes_the_connection(
-    workspace: rc.LocalWorkspace, server: FakeOpenAI, loop_clock: LoopClock
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, loop_clock: LoopClock, calls: Calls
 ) -> None:
     """A hung rung is cut at rung_timeout_ms, its socket closed, and the next rung runs."""
     server.script("hung", Hang())
     server.script("next", summary_reply(GOOD))
     async with harness_for(workspace, server, ["hung", "next"]) as harness:
         compacted = await jump_when_hung(
-            harness, server, loop_clock, 300.0, rung_timeout_ms=300_000, timeout_ms=600_000
-        )
+            harness, server, loop_clock, calls, 300.0, rung_timeout_ms=300_000,
+            timeout_ms=600_000,
+        )  # fmt: skip
         await server.wait_hangup()
     first, second = attempts(compacted.receipt)
     assert (first.route, first.outcome) == ("hung", "timeout")
-    assert first.elapsed_ms >= 300_000  # cut by its bound (on the budget's clock), not before
+    assert first.elapsed_ms >= 300_000  # read on the clock the budget is kept on
     assert (second.route, second.outcome) == ("next", "ok")
     assert server.hangups == 1
 
 
 async def test_whole_budget_ends_a_hung_ladder_with_the_fallback(
-    workspace: rc.LocalWorkspace, server: FakeOpenAI, loop_clock: LoopClock
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, loop_clock: LoopClock, calls: Calls
 ) -> None:
-    """With every rung hung, the summary step ends at timeout_ms with the fallback."""
-    server.script("a", Hang())
-    server.script("b", Hang())
-    async with harness_for(workspace, server, ["a", "b"]) as harness:
-        compacted = await jump_when_hung(harness, server, loop_clock, 600.0, timeout_ms=600_000)
+    """An error, then a hung rung: timeout_ms ends the step with the fallback; the rung after
+    is never asked, nothing is cached, and the exact value stays Found."""
+    server.script("e500", Status(500))
+    server.script("hung", Hang())
+    server.script("never", summary_reply(GOOD))
+    async with harness_for(workspace, server, ["e500", "hung", "never"]) as harness:
+        compacted = await jump_when_hung(
+            harness, server, loop_clock, calls, 300.0, timeout_ms=300_000
+        )
         await server.wait_hangup()
-    assert compacted.output.kind == "fallback"
+        ref = compacted.receipt.exact_ref
+        read = await rc.response_compaction_read_exact(harness, ref, Search)
+    assert compacted.output == rc.FallbackOutput(value=FALLBACK)
     assert compacted.receipt.fallback_reason == "timeout"
-    (only,) = attempts(compacted.receipt)
-    assert (only.route, only.outcome) == ("a", "timeout")
-    assert only.elapsed_ms >= 590_000  # ended by the jump (the budget began before the call)
-    assert server.count("b") == 0
+    assert [(a.route, a.outcome) for a in attempts(compacted.receipt)] == [
+        ("e500", "error"),
+        ("hung", "timeout"),
+    ]
+    assert server.count("never") == 0
     assert server.hangups == 1
+    assert read == rc.Found(value=search(3000))
+    assert summary_files(workspace) == []
 
 
 async def test_full_coverage_reduces_what_arrived_when_the_map_runs_out_of_time(
-    workspace: rc.LocalWorkspace, server: FakeOpenAI, loop_clock: LoopClock
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, loop_clock: LoopClock, calls: Calls
 ) -> None:
     """A hung map call is cut at the map's share of the budget; the rest is reduced and said."""
     server.script("m", summary_reply(GOOD), Hang(), summary_reply(GOOD))
     async with harness_for(workspace, server, ["m"]) as harness:
-        # Just past the map's 70% share of 600 s: a share of 80% would leave the map call
-        # hung past the server's 30 s hold, and it would end as an "error".
+        # Four map calls at once, the second to arrive hung; once the other three answered,
+        # just past the map's 70% share of 600 s (a share of 80% would leave it hung past
+        # the server's 30 s hold), well short of the whole budget.
         compacted = await jump_when_hung(
-            harness, server, loop_clock, 421.0, coverage="full", max_model_calls=5,
-            timeout_ms=600_000,
+            harness, server, loop_clock, calls, 421.0, answered=3, coverage="full",
+            max_model_calls=5, timeout_ms=600_000,
         )  # fmt: skip
     assert compacted.output.kind == "summarized"
     outcomes = [(a.call, a.outcome) for a in attempts(compacted.receipt)]
-    assert ("map", "timeout") in outcomes
+    assert sorted(outcomes[:-1]) == [("map", "ok")] * 3 + [("map", "timeout")]
     assert outcomes[-1] == ("reduce", "ok")
-    assert "in no part summary" in user_prompt(server.bodies("m")[-1])
+    reduces = [b for b in server.bodies("m") if "in no part summary" in user_prompt(b)]
+    assert len(reduces) == 1

@@ -424,25 +424,6 @@ async def test_damaged_cached_summary_is_a_miss_and_is_replaced(
 # --------------------------------------------------------------------------- the budget
 
 
-async def test_budget_ends_a_hung_rung_with_the_timeout_fallback(
-    workspace: rc.LocalWorkspace, server: FakeOpenAI
-) -> None:
-    """A rung that never answers is cut off by timeout_ms; the exact value stays Found."""
-    server.script("e500", Status(500))
-    server.script("hung", Hang())
-    server.script("never", summary_reply(GOOD))
-    async with model_harness(workspace, server, {"main": ["e500", "hung", "never"]}) as harness:
-        compacted = await compact(harness, timeout_ms=300)
-        read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Exact)
-    assert compacted.output == rc.FallbackOutput(value=FALLBACK)
-    assert compacted.receipt.fallback_reason == "timeout"
-    assert outcomes(compacted.receipt) == [("e500", "error"), ("hung", "timeout")]
-    assert server.count("never") == 0
-    # An unbounded hang would end as a dropped connection after 30 s: outcome "error".
-    assert read == rc.Found(value=BIG)
-    assert summary_files(workspace) == []
-
-
 async def test_a_hung_leader_does_not_stretch_a_followers_budget(
     workspace: rc.LocalWorkspace, server: FakeOpenAI
 ) -> None:
@@ -459,7 +440,6 @@ async def test_a_hung_leader_does_not_stretch_a_followers_budget(
         tg.cancel_scope.cancel()
     assert follower.output == rc.FallbackOutput(value=FALLBACK)
     assert follower.receipt.fallback_reason == "timeout"
-    assert follower.receipt.elapsed_ms < 5000
     assert server.count("hung") == 1
 
 
