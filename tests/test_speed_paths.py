@@ -167,11 +167,11 @@ _BESIDE_CASES = [(8_000, name) for name in LARGE_TAMPERS] + [
     [(rows, LARGE_TAMPERS[name]) for rows, name in _BESIDE_CASES],
     ids=[f"{rows} rows, {name}" for rows, name in _BESIDE_CASES],
 )
-async def test_an_entry_decoded_beside_its_hash_reads_broken_when_tampered(
+async def test_an_entry_decoded_in_the_reads_hop_reads_broken_when_tampered(
     harness: rc.Harness, tamper: Any, rows: int
 ) -> None:
-    """The digest check that runs beside a read's decode decides: a value that decodes from
-    tampered bytes is never Found, and the digest's verdict wins over the decode's."""
+    """A read that decodes in its hop (or beside a decode in slices) checks the digest
+    first: a value that decodes from tampered bytes is never Found, the digest decides."""
     value, other = big_exact(rows), big_exact(rows + 1)
     await compact(harness, value)
     await compact(harness, other)

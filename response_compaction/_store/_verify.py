@@ -55,7 +55,8 @@ GC_PAUSE_BYTES = 64 << 10
 #: From this size a decode runs in a helper thread while the caller hashes the same bytes
 #: (hashing lets go of the GIL; the helper takes it meanwhile): 1 MB of short strings read
 #: back and verified in 3.3 instead of 3.8 ms. (A hasher helper asked for beside a decode
-#: had to be waited for until it began, which cost more than it hid below 4 MB.)
+#: had to be waited for until it began, which cost more than it hid below 4 MB.) A read
+#: decodes from this size too, in its worker thread but after the hash (``_reads``).
 DECODE_BESIDE_BYTES = 256 << 10
 #: Up to this many bytes are decoded in one call even when a layout would cut them: slices,
 #: the cut arrays' markers and the outer document cost more than they save (1 MB of short
