@@ -12,6 +12,7 @@ import pytest
 import response_compaction as rc
 from response_compaction._canonical import iter_canonical
 from response_compaction._nulls import null_places, null_refused, nulls_left_to_schema
+from response_compaction._store._oneshot import CHECK_HERE_BYTES, SMALL_BYTES
 from tests._store_support import entry_files, index_rows, store_root, temp_files
 from tests.schemas import FALLBACK, Summary
 
@@ -118,13 +119,25 @@ def _floats(count: int, bad_at: int, bad: float) -> Floats:
 
 @pytest.mark.parametrize(
     ("count", "bad_at", "bad"),
-    [(3, 1, math.nan), (120_000, 99_999, math.inf), (120_000, 7, -math.inf)],
-    ids=["small", "medium inf", "medium -inf"],
+    [
+        (3, 1, math.nan),
+        (6_000, 4_321, math.nan),
+        (120_000, 99_999, math.inf),
+        (120_000, 7, -math.inf),
+    ],
+    ids=["small", "small, checked beside its fsync", "medium inf", "medium -inf"],
 )
 async def test_nan_under_a_null_refusing_schema_is_refused_by_name(
     harness: rc.Harness, count: int, bad_at: int, bad: float
 ) -> None:
-    """The read-back refuses the null and the error names the NaN's path; nothing is kept."""
+    """The read-back refuses the null and the error names the NaN's path; nothing is kept.
+
+    A small value is checked by the put's thread before its fsync, or from some KB by a
+    helper beside it: both refuse.
+    """
+    if count == 6_000:
+        size = len(msgspec.json.encode(_floats(count, bad_at, 0.5)))
+        assert CHECK_HERE_BYTES < size <= SMALL_BYTES
     with pytest.raises(ValueError, match=rf"NaN or infinity at `\$\.values\[{bad_at}\]`"):
         await rc.response_compact(harness, _floats(count, bad_at, bad), Floats, Summary, OPTIONS)
     root = store_root(harness.fs)

@@ -6,10 +6,11 @@ for a 2 KB value cost four times the work itself. A small value is already whole
 so here the same steps run with the same checks (write looping on short writes, fsync of the
 file, read back, digest, schema, rename under the index's write lock, fsync of the directory,
 COMMIT) inside one blocking call. What does not wait on a disk runs beside the waits, in a
-helper thread (``_aside``): the read-back checks beside the file's fsync, the directory's
-fsync beside the COMMIT. The index's write lock is taken only after the file's fsync (held
-through it, every other writer of the store waited for this disk). The file's fsync still
-ends before its rename, and every fsync before the call returns. (Reads: ``_reads``.)
+helper thread (``_aside``): the read-back checks beside the file's fsync (but those of a few
+KB, cheaper than the helper, before it), the directory's fsync beside the COMMIT. The index's
+write lock is taken only after the file's fsync (held through it, every other writer of the
+store waited for this disk). The file's fsync still ends before its rename, and every fsync
+before the call returns. (Reads: ``_reads``.)
 
 Only the library's own file backends take this path; an injected backend (the tests' fault
 seam) gets the streaming algorithm, call by call.
@@ -56,6 +57,12 @@ INDEX_ERRORS = "could not use the store index"
 #: Values up to this size are buffered on the loop and stored in one hop; decoding this much
 #: holds the GIL for well under a millisecond.
 SMALL_BYTES = 256 << 10
+#: Values up to this size are checked by the put's own thread before its fsync, not by a
+#: helper beside it: the helper's wake-up and its hand-back of the GIL cost more than the
+#: 20-30 us the checks of 2 KB take (2 KB puts alternating both ways in one process: 50-100
+#: us less at the minimum, the tenth percentile and the median; even at 16 KB; the helper
+#: gains from 64 KB, where the checks take longer than its overhead).
+CHECK_HERE_BYTES = 16 << 10
 
 
 class Put(NamedTuple):
@@ -207,17 +214,10 @@ def _write_new(
         )
         try:
             write_fully(fd, data)
-            # While this thread waits for the disk, a helper reads the bytes back and checks
-            # them (they see the bytes written, on disk or not). The index's write lock is
-            # taken only after the fsync: held through it, every other writer of the store
-            # (this process's and others') waited for this disk, then retried whole puts.
-            checked = Aside(_checked, temp_name, tmp_fd, data, digest, schema)
-            try:
-                os.fsync(fd)
-            except BaseException:
-                checked.join()  # the fsync's error is the one to raise
-                raise
-            value = checked.wait()  # ValueError: the bytes do not validate
+            # The index's write lock is taken only after the fsync: held through it, every
+            # other writer of the store (this process's and others') waited for this disk,
+            # then retried whole puts.
+            value = _checked_and_synced(fd, temp_name, tmp_fd, data, digest, schema)
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
         with map_errors(f"could not publish the {kind} value in the store index"):
@@ -227,6 +227,27 @@ def _write_new(
         if not published:
             unlink_quietly(temp_name, tmp_fd)
     return Put(reused=reused, value=value)
+
+
+def _checked_and_synced(
+    fd: int, temp_name: str, tmp_fd: int, data: bytes, digest: tuple[str, bytes], schema: Any
+) -> Any:
+    """The bytes read back and checked (:func:`_checked`), and the file fsynced: the value.
+
+    The checks see the bytes written, on disk or not. Up to ``CHECK_HERE_BYTES`` they run
+    here before the fsync; larger ones in a helper while this thread waits for the disk.
+    """
+    if len(data) <= CHECK_HERE_BYTES:
+        value = _checked(temp_name, tmp_fd, data, digest, schema)  # ValueError: not valid
+        os.fsync(fd)
+        return value
+    checked = Aside(_checked, temp_name, tmp_fd, data, digest, schema)
+    try:
+        os.fsync(fd)
+    except BaseException:
+        checked.join()  # the fsync's error is the one to raise
+        raise
+    return checked.wait()  # ValueError: the bytes do not validate
 
 
 def _checked(
