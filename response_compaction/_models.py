@@ -196,6 +196,10 @@ class CompactionOptions(Struct, Generic[S], frozen=True, kw_only=True, forbid_un
     most ``max_model_calls`` calls. ``rung_timeout_ms`` bounds one rung (None: what is left
     of ``timeout_ms``). ``grounded`` names top-level summary fields whose identifiers must
     occur in the exact bytes or the profile (else the rung is ``ungrounded``).
+
+    With a fallback function, spell the summary type for a type checker (mypy infers nothing
+    from ``S | Callable[[Profile], S]`` given a function):
+    ``CompactionOptions[Summary](fallback=make_summary, ladder="cheap")``.
     """
 
     if TYPE_CHECKING:

@@ -28,7 +28,8 @@ def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[A
     if isinstance(options, CompactionOptions):
         # msgspec does not validate on construction: check the fields as if they were decoded.
         data: dict[str, Any] = {f: getattr(options, f) for f in options.__struct_fields__}
-        data["fallback"] = _builtins_of_fallback(options.fallback)
+        if _fallback_function(options.fallback) is None:  # a function stays one (below)
+            data["fallback"] = _builtins_of_fallback(options.fallback)
     elif isinstance(options, Mapping):
         data = dict(options)
         if "fallback" in data and isinstance(data["fallback"], msgspec.Struct):

@@ -25,6 +25,7 @@ __all__ = [
     "is_pydantic_schema",
     "pydantic_decode",
     "pydantic_exact_value",
+    "pydantic_fallback_value",
     "pydantic_json_schema",
     "pydantic_plain",
     "resolve_pydantic_fallback",
@@ -152,7 +153,9 @@ def pydantic_exact_value(response: Any, schema: Any) -> Any:
         raise ValueError(
             f"exact_response does not validate against exact_schema: {_describe(exc, schema)}"
         ) from None
-    return _plain(adapter.dump_python(value, by_alias=True))
+    # warnings=False: a field assigned a wrong type is reported by the read-back's check,
+    # without pydantic's serializer warning, which quotes the value.
+    return _plain(adapter.dump_python(value, by_alias=True, warnings=False))
 
 
 def pydantic_decode(data: bytes | memoryview | str, schema: Any) -> Any:
@@ -170,7 +173,7 @@ def pydantic_plain(value: Any) -> Any:
     pydantic = sys.modules.get("pydantic")
     if pydantic is None or not isinstance(value, pydantic.BaseModel):
         return value
-    return _plain(value.model_dump(by_alias=True))
+    return _plain(value.model_dump(by_alias=True, warnings=False))  # see above: no quoted value
 
 
 def plain_hook(obj: Any) -> Any:
@@ -217,9 +220,23 @@ def resolve_pydantic_fallback(options: Any, summary_schema: Any) -> tuple[Any, A
         rest = {**options, "fallback": None}
     else:
         return options, None
+    if callable(fallback) and not isinstance(fallback, pydantic.BaseModel | type):
+        return rest, fallback  # a fallback function: its result is checked when it is called
     try:
         return rest, _adapter(summary_schema).validate_python(fallback)
     except pydantic.ValidationError as exc:
         raise ValueError(
             f"invalid compaction options: fallback: {_describe(exc, summary_schema)}"
+        ) from None
+
+
+def pydantic_fallback_value(made: Any, summary_schema: Any) -> Any:
+    """What a fallback function returned, validated against a pydantic summary schema."""
+    import pydantic
+
+    try:
+        return _adapter(summary_schema).validate_python(made)
+    except pydantic.ValidationError as exc:
+        raise ValueError(
+            f"the fallback function's result is not a summary: {_describe(exc, summary_schema)}"
         ) from None

@@ -32,6 +32,7 @@ from ._messages import content_free
 from ._models import Attempt, CompactionOptions, FallbackReason, Found
 from ._profile import Profile
 from ._prompt import summary_key
+from ._pydantic import is_pydantic_schema, pydantic_fallback_value
 from ._schema import strict_json_schema
 from ._store import Store
 
@@ -221,6 +222,8 @@ async def fallback_value(
     if profile is None:
         profile = (await off_loop(profile_source, source)).profile
     made = fallback(profile)
+    if is_pydantic_schema(summary_schema, "summary_schema"):
+        return pydantic_fallback_value(made, summary_schema)
     try:
         return msgspec.convert(
             msgspec.to_builtins(made) if isinstance(made, msgspec.Struct) else made,

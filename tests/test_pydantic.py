@@ -262,6 +262,45 @@ async def test_fallback_is_validated_by_pydantic(harness: rc.Harness) -> None:
     assert compacted.output.value == FALLBACK_P
 
 
+async def test_a_fallback_function_with_a_pydantic_summary_schema(harness: rc.Harness) -> None:
+    """A callable fallback is called with the profile (given in a mapping or the struct) and
+    what it returns is validated by pydantic, naming the path."""
+
+    def made(profile: rc.Profile) -> SummaryP:
+        return SummaryP(overview=f"{profile.record_count} rows", critical_facts=[])
+
+    opts: Any
+    for opts in (
+        options(made, summarize_above_bytes=0),
+        rc.CompactionOptions[SummaryP](fallback=made, ladder="main", summarize_above_bytes=0),
+    ):
+        compacted = await rc.response_compact(harness, page_data(3), PageP, SummaryP, opts)
+        assert compacted.output == rc.FallbackOutput(
+            value=SummaryP(overview="3 rows", critical_facts=[])
+        )
+    plain = options(lambda _p: {"overview": "o", "critical_facts": ["f"]}, summarize_above_bytes=0)
+    compacted = await rc.response_compact(harness, page_data(3), PageP, SummaryP, plain)
+    assert compacted.output.value == SummaryP(overview="o", critical_facts=["f"])
+    wrong = options(lambda _p: {"overview": "o"}, summarize_above_bytes=0)
+    with pytest.raises(ValueError, match=r"fallback function.*\$\.critical_facts"):
+        await rc.response_compact(harness, page_data(3), PageP, SummaryP, wrong)
+
+
+async def test_a_field_assigned_a_wrong_type_is_refused_without_a_warning_quoting_it(
+    harness: rc.Harness, recwarn: pytest.WarningsRecorder
+) -> None:
+    """pydantic does not check assignments: the read-back refuses the value, and no serializer
+    warning (which quotes the value) is raised on the way."""
+    page = PageP.model_validate(page_data(1))
+    page.rows[0].name = 12345678  # type: ignore[assignment]
+    page.rows[0].id = "SECRET-TOKEN"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"^exact_response does not validate.*\$\.rows") as info:
+        await rc.response_compact(harness, page, PageP, SummaryP, options())
+    assert "SECRET" not in str(info.value)
+    assert [str(w.message) for w in recwarn] == []
+    assert entry_files(store_root(harness.fs)) == set()
+
+
 async def test_dataclass_and_typeddict_schemas(harness: rc.Harness) -> None:
     """Dataclasses (exact) and TypedDicts (summary) work through msgspec, round trip included."""
     rows = [RowD(id=i, name=f"n{i}") for i in range(2000)]

@@ -229,6 +229,22 @@ def test_options_struct_and_builtin_fallback_are_accepted() -> None:
     assert opts.fallback == Summary(overview="o", critical_facts=["f"])
 
 
+def test_a_fallback_function_is_kept_in_the_struct_as_in_a_mapping() -> None:
+    """A callable fallback is the same option in CompactionOptions as in a mapping: kept as
+    the function (called later), the other fields still checked."""
+
+    def made(profile: rc.Profile) -> Summary:
+        return Summary(overview=str(profile.record_count), critical_facts=[])
+
+    by_struct = resolve_options(rc.CompactionOptions[Summary](fallback=made, ladder="x"), Summary)
+    by_mapping = resolve_options({"fallback": made, "ladder": "x"}, Summary)
+    assert by_struct.fallback is by_mapping.fallback is made
+    with pytest.raises(ValueError, match="timeout_ms"):
+        resolve_options(
+            rc.CompactionOptions[Summary](fallback=made, ladder="x", timeout_ms=0), Summary
+        )
+
+
 @pytest.mark.parametrize(
     ("key", "bad"),
     [

@@ -43,6 +43,10 @@ async def coroutines(harness: rc.Harness, page: Page) -> None:
     assert_type(untyped, rc.Found[Any] | rc.Missing | rc.Broken)
     loose_too = await rc.response_compact(harness, [1], list[int], dict[str, int], {})
     assert_type(loose_too, rc.Compacted[list[int], dict[str, int]])
+    # A fallback function in the struct: mypy cannot infer S from ``S | Callable[..., S]``
+    # given a function, so the summary type is spelled (a mapping needs nothing).
+    made = rc.CompactionOptions[Summary](fallback=lambda p: Summary(gist=""), ladder="cheap")
+    assert_type(made, rc.CompactionOptions[Summary])
 
 
 def blocking(harness: rc.HarnessLike, page: Page) -> None:
