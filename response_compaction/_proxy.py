@@ -8,7 +8,8 @@ proxy adds one tool, ``read_exact`` (from :mod:`response_compaction.mcp`), to re
 value back in bounded parts.
 
 What passes through unchanged: results at or under the threshold, error results
-(``isError``), JSON-RPC errors from the upstream server, and non-text content blocks.
+(``isError``), JSON-RPC errors from the upstream server, non-text content blocks, and
+results that cannot be retained exactly (logged as a warning).
 What changes: a tool's ``outputSchema`` is not listed, because a compacted result carries
 text in place of structured content and a host would reject it against the schema.
 
@@ -25,6 +26,7 @@ answers; nothing is buffered across calls.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,10 +36,12 @@ import msgspec
 
 from ._compact import response_compact
 from ._options import resolve_options
-from ._refusals import duplicate_key_path
+from ._refusals import decoded_or_text
 from .mcp import _import_mcp, create_server
 
 __all__ = ["ProxyConfig", "compact_tool_result", "open_proxy", "serve_proxy"]
+
+log = logging.getLogger("response_compaction")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,27 +70,25 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
     retained is the text: a block that is JSON as its value, any other text as a JSON string
     (several blocks: a list). Structured content is retained instead when there is no text,
     and beside it (``{"content": ..., "structured_content": ...}``) when the text is not its
-    serialization. Non-text blocks stay in the reply.
+    serialization. Non-text blocks stay in the reply. A result that cannot be retained
+    exactly (a lone surrogate, a NaN or nesting too deep in its structured content) is
+    passed on as it came, with a warning logged: the call still answers.
     """
     types = _import_mcp("mcp.types")
     opts = resolve_options(config.options, config.summary_schema)
     if result.is_error:
         return result
     texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
-    structured = result.structured_content
-    size = sum(len(text.encode()) for text in texts)
-    if structured is not None:
-        size += len(msgspec.json.encode(structured))
-    if size <= opts.summarize_above_bytes:
-        return result
     try:
-        value = _retained(texts, structured, parse=True)
-        compacted = await response_compact(config.harness, value, Any, config.summary_schema, opts)
-    except ValueError:
-        # Canonical JSON refuses what the text decodes to (1e999 is infinity): keep it as text.
-        value = _retained(texts, structured, parse=False)
-        compacted = await response_compact(config.harness, value, Any, config.summary_schema, opts)
-    del value
+        if _size(texts, result.structured_content) <= opts.summarize_above_bytes:
+            return result
+        compacted = await _compacted(texts, result.structured_content, config, opts)
+    except (ValueError, RecursionError) as exc:
+        log.warning(
+            "proxy: a tool result is passed on uncompacted: it cannot be retained exactly (%s)",
+            type(exc).__name__,
+        )
+        return result
     text = compacted.to_agent_text(read_tool=config.read_tool, max_bytes=config.text_bytes)
     others = [block for block in result.content if not isinstance(block, types.TextContent)]
     return types.CallToolResult(
@@ -96,25 +98,38 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
     )
 
 
+def _size(texts: list[str], structured: Any) -> int:
+    # surrogatepass: a lone surrogate is counted here and refused by the store, not here.
+    size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+    if structured is not None:
+        size += len(msgspec.json.encode(structured))
+    return size
+
+
+async def _compacted(
+    texts: list[str], structured: Any, config: ProxyConfig, opts: Any
+) -> Any:  # fmt: skip
+    """The compaction of what the result holds (its text as values, else as strings)."""
+    schema = config.summary_schema
+    try:
+        value = _retained(texts, structured, parse=True)
+        return await response_compact(config.harness, value, Any, schema, opts)
+    except ValueError:
+        # Canonical JSON refuses what the text decodes to (1e999 is infinity): keep it as text.
+        value = _retained(texts, structured, parse=False)
+        return await response_compact(config.harness, value, Any, schema, opts)
+
+
 def _retained(texts: list[str], structured: Any, *, parse: bool) -> Any:
     if not texts:
         return structured
-    values = [_json_or_string(text) if parse else text for text in texts]
+    values = [decoded_or_text(text) if parse else text for text in texts]
     text_value = values[0] if len(values) == 1 else values
     # MCP servers send structured content with its serialization as text (mcp's MCPServer
     # wraps a non-object return as {"result": text}): the text alone is then the whole value.
     if structured is None or structured == text_value or structured == {"result": texts[0]}:
         return text_value
     return {"content": text_value, "structured_content": structured}
-
-
-def _json_or_string(text: str) -> Any:
-    try:
-        value = msgspec.json.decode(text)
-    except msgspec.DecodeError:
-        return text
-    # Decoding keeps the last of two equal keys: such text is kept as the text it was.
-    return text if duplicate_key_path(text.encode()) is not None else value
 
 
 @contextlib.asynccontextmanager
@@ -130,32 +145,62 @@ async def open_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> 
     params = mcp.StdioServerParameters(command=command, args=list(args), env=env)
     reader_server = create_server(config.harness, max_bytes=config.max_bytes)
     async with mcp.Client(params) as upstream, mcp.Client(reader_server) as reader:
-        read_tools = [
-            tool.model_copy(update={"name": config.read_tool})
-            for tool in (await reader.list_tools()).tools
-            if tool.name == "read_exact"
-        ]
-
-        async def on_list_tools(ctx: Any, params: Any) -> Any:
-            page = await upstream.list_tools(cursor=params.cursor if params else None)
-            tools = [tool.model_copy(update={"output_schema": None}) for tool in page.tools]
-            if page.next_cursor is None:
-                tools += read_tools
-            return types.ListToolsResult(tools=tools, next_cursor=page.next_cursor)
-
-        async def on_call_tool(ctx: Any, params: Any) -> Any:
-            if params.name == config.read_tool:
-                return await reader.call_tool("read_exact", params.arguments)
-            result = await upstream.call_tool(params.name, params.arguments)
-            return await compact_tool_result(result, config)
-
-        info = upstream.server_info
-        yield lowlevel.Server(
-            f"{info.name if info else 'upstream'} (compacted)",
-            instructions=upstream.instructions,
-            on_list_tools=on_list_tools,
-            on_call_tool=on_call_tool,
+        clash = config.read_tool in await _tool_names(upstream)
+        if not clash:
+            yield await _server(types, lowlevel, upstream, reader, config)
+    if clash:  # raised once the clients are closed: as itself, not in their task group's group
+        raise ValueError(
+            f"the upstream server has a tool named {config.read_tool!r} too: give the"
+            " proxy's read tool another name (--read-tool)"
         )
+
+
+async def _server(
+    types: Any, lowlevel: Any, upstream: Any, reader: Any, config: ProxyConfig
+) -> Any:
+    """The proxy's low-level server: ``upstream``'s tools, compacted, and ``reader``'s one."""
+    read_tools = [
+        tool.model_copy(update={"name": config.read_tool})
+        for tool in (await reader.list_tools()).tools
+        if tool.name == "read_exact"
+    ]
+
+    async def on_list_tools(ctx: Any, params: Any) -> Any:
+        page = await upstream.list_tools(cursor=params.cursor if params else None)
+        # One named like the read tool since the start would never be called: not listed.
+        tools = [
+            tool.model_copy(update={"output_schema": None})
+            for tool in page.tools
+            if tool.name != config.read_tool
+        ]
+        if page.next_cursor is None:
+            tools += read_tools
+        return types.ListToolsResult(tools=tools, next_cursor=page.next_cursor)
+
+    async def on_call_tool(ctx: Any, params: Any) -> Any:
+        if params.name == config.read_tool:
+            return await reader.call_tool("read_exact", params.arguments)
+        result = await upstream.call_tool(params.name, params.arguments)
+        return await compact_tool_result(result, config)
+
+    info = upstream.server_info
+    return lowlevel.Server(
+        f"{info.name if info else 'upstream'} (compacted)",
+        instructions=upstream.instructions,
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+    )
+
+
+async def _tool_names(client: Any) -> set[str]:
+    names: set[str] = set()
+    cursor = None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        names.update(tool.name for tool in page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            return names
 
 
 async def serve_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> None:

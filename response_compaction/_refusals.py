@@ -22,6 +22,7 @@ import msgspec
 import msgspec.inspect as mi
 
 __all__ = [
+    "decoded_or_text",
     "duplicate_key_path",
     "first_problem",
     "keys_may_merge",
@@ -115,6 +116,20 @@ class _DuplicateKeyError(Exception):
 
 class _Pairs(list[tuple[str, Any]]):
     """An object's members in document order, duplicates kept."""
+
+
+def decoded_or_text(text: str) -> Any:
+    """The value the JSON ``text`` holds, or ``text`` itself where only the text is exact.
+
+    Tools and MCP servers often return JSON as text. It stays text when it is not JSON, nests
+    too deeply to decode, names a key twice (a decoder keeps one of them), or has keys that
+    cannot be checked.
+    """
+    try:
+        value = msgspec.json.decode(text)
+        return text if duplicate_key_path(text.encode()) is not None else value
+    except (msgspec.DecodeError, RecursionError, ValueError):  # UnicodeError is a ValueError
+        return text
 
 
 def duplicate_key_path(data: bytes) -> str | None:

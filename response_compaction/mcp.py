@@ -157,6 +157,19 @@ def read_tool_function(body: ReadBody[R]) -> Callable[..., Awaitable[R]]:
     return read_exact
 
 
+def echoed_bytes(pointer: object) -> int:
+    """The JSON size of ``pointer`` echoed in a reply (0 if not a string: refused later).
+
+    ``ValueError`` for a string JSON cannot carry (a lone surrogate), without quoting it.
+    """
+    if not isinstance(pointer, str):
+        return 0
+    try:
+        return len(msgspec.json.encode(pointer))
+    except UnicodeEncodeError:
+        raise ValueError("pointer is not valid Unicode (it holds a lone surrogate)") from None
+
+
 async def _answer(
     types: Any,
     harness: Any,
@@ -168,12 +181,12 @@ async def _answer(
     stop: int | None,
     max_bytes: int | None,
 ) -> Any:
-    # The pointer is echoed twice (header and structured content), the part's JSON too.
-    room = part_cap - len(msgspec.json.encode(pointer)) if isinstance(pointer, str) else 0
-    limit = room if max_bytes is None else min(max_bytes, room)
-    if room < MIN_MAX_BYTES:
-        return _error(types, "pointer is too long for this server's reply cap")
     try:
+        # The pointer is echoed twice (header and structured content), the part's JSON too.
+        room = part_cap - echoed_bytes(pointer)
+        if room < MIN_MAX_BYTES:
+            return _error(types, "pointer is too long for this server's reply cap")
+        limit = min(max_bytes, room) if type(max_bytes) is int else max_bytes or room
         if exact_schema is not Any:
             checked = await response_compaction_read_exact(harness, exact_ref, exact_schema)
             if not isinstance(checked, Found):

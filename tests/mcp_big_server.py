@@ -5,6 +5,7 @@ Run as a script (``python tests/mcp_big_server.py``); the proxy starts it as its
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -59,6 +60,14 @@ def fails() -> str:
 def rpc_error() -> str:
     """Fails as a JSON-RPC error, which must reach the host with its code and message."""
     raise MCPError(-32042, "upstream protocol error")
+
+
+if os.environ.get("UPSTREAM_READ_EXACT"):
+
+    @server.tool(name="read_exact")
+    def upstream_read_exact(exact_ref: str = "") -> str:
+        """The upstream's own tool named like the proxy's read tool."""
+        return f"upstream read_exact of {len(exact_ref)} characters"
 
 
 if __name__ == "__main__":

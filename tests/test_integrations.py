@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import re
 import sys
 from pathlib import Path
@@ -311,6 +312,40 @@ async def test_read_back_is_capped_and_errors_are_answers(compactor: Compactor) 
     assert nothing["state"] == "error"
     missing = msgspec.json.decode(await small.read("rc1:" + "0" * 64))
     assert missing == {"state": "missing"}
+    wrong = await small.read(match.group(0), "/records", max_bytes="9")  # type: ignore[arg-type]
+    assert msgspec.json.decode(wrong) == {
+        "state": "error",
+        "detail": "max_bytes must be an int, got str",
+    }
+    lone = msgspec.json.decode(await small.read(match.group(0), "/records/\ud800"))
+    assert lone == {
+        "state": "error",
+        "detail": "pointer is not valid Unicode (it holds a lone surrogate)",
+    }
+
+
+async def test_text_that_only_a_string_keeps_exactly_is_kept_as_the_string(
+    compactor: Compactor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JSON nested too deeply to decode stays the string; bytes that are not UTF-8 are kept
+    as text with U+FFFD, and a warning says so (without the content)."""
+    deep = "[" * 5000 + "]" * 5000
+    assert await stored(compactor, await compactor.compact(deep)) == deep
+    raw = b"SECRET-MARKER \xff\xfe " + b"x" * 40000
+    with caplog.at_level(logging.WARNING, logger="response_compaction"):
+        text = await compactor.compact(raw)
+    assert await stored(compactor, text) == raw.decode("utf-8", "replace")
+    assert "not UTF-8" in caplog.text
+    assert "SECRET" not in caplog.text
+
+
+async def stored(compactor: Compactor, text: str) -> object:
+    match = REF.search(text)
+    assert match is not None
+    found = await rc.response_compaction_read_exact(compactor.harness, match.group(0), Any)
+    assert isinstance(found, rc.Found)
+    value: object = found.value
+    return value
 
 
 async def test_json_string_naming_a_key_twice_is_kept_as_the_string(

@@ -186,9 +186,10 @@ async def test_tool_pages_and_outlines_in_process(tmp_path: Path) -> None:
         assert len(msgspec.json.encode(capped["part"]["value"])) <= (4096 - 1024) // 2
         name = await call(client, ref, pointer="/rows/2999/name")
         assert name["part"]["value"] == value.rows[2999].name
-        for pointer in ("rows", "/nope", "/" + "x" * 2000):
+        for pointer in ("rows", "/nope", "/" + "x" * 2000, "/rows/\ud800"):
             error = await client.call_tool("read_exact", {"exact_ref": ref, "pointer": pointer})
             assert error.is_error
+        assert "not valid Unicode" in error.content[0].text  # type: ignore[union-attr]
         tools = (await client.list_tools()).tools
         description = tools[0].description or ""
         for word in ("pointer", "next_start", "outline", "max_bytes", "start", "stop"):

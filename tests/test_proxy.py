@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import re
 import sys
@@ -17,7 +19,7 @@ from mcp import types as mt
 from mcp.shared.exceptions import MCPError
 
 import response_compaction as rc
-from response_compaction._proxy import ProxyConfig, compact_tool_result
+from response_compaction._proxy import ProxyConfig, compact_tool_result, open_proxy
 from tests._store_support import entry_files, store_root
 from tests.fake_openai import FakeOpenAI
 from tests.schemas import FALLBACK, Summary
@@ -28,6 +30,13 @@ REPO = Path(__file__).resolve().parent.parent
 SERVER = REPO / "tests" / "mcp_big_server.py"
 REF = re.compile(r"rc1:[0-9a-f]{64}")
 RECORD_97 = {"id": 97, "name": "record 97", "body": "00000097" + "x" * 90}
+MARKER = "SECRET-MARKER-9137"
+
+
+def nested(depth: int, inner: Any) -> Any:
+    for _ in range(depth):
+        inner = [inner]
+    return inner
 
 
 def upstream_params() -> StdioServerParameters:
@@ -122,12 +131,32 @@ async def test_small_results_and_errors_pass_through_unchanged(tmp_path: Path) -
     assert entry_files(store_root(tmp_path)) == set()
 
 
+async def test_an_upstream_tool_named_like_the_read_tool(tmp_path: Path) -> None:
+    """An upstream tool called read_exact stops the proxy before it serves (its tool would
+    be shadowed); with --read-tool the proxy's own is named otherwise and both work."""
+    env = {"UPSTREAM_READ_EXACT": "1", "PATH": os.environ.get("PATH", "")}
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    with pytest.raises(ValueError, match=r"named 'read_exact' too.*--read-tool"):
+        async with open_proxy(sys.executable, [str(SERVER)], config(harness, env=env)):
+            pass
+    async with proxied(tmp_path, "--read-tool", "read_stored", **env) as client:
+        names = [tool.name for tool in (await client.list_tools()).tools]
+        theirs = only_text(await client.call_tool("read_exact", {"exact_ref": "abc"}))
+        ref = REF.search(only_text(await client.call_tool("big_json", {"count": 2000})))
+        assert ref is not None
+        part = await client.call_tool("read_stored", {"exact_ref": ref.group(0)})
+    assert names.count("read_exact") == names.count("read_stored") == 1
+    assert theirs == "upstream read_exact of 3 characters"
+    assert isinstance(part.structured_content, dict)
+    assert part.structured_content["state"] == "found"
+
+
 # --------------------------------------------------------------------------- in-process
 
 
-def config(harness: rc.Harness, above: int = 1000) -> ProxyConfig:
+def config(harness: rc.Harness, above: int = 1000, **more: Any) -> ProxyConfig:
     options = {"fallback": FALLBACK, "ladder": "main", "summarize_above_bytes": above}
-    return ProxyConfig(harness=harness, options=options, summary_schema=Summary)
+    return ProxyConfig(harness=harness, options=options, summary_schema=Summary, **more)
 
 
 def text_result(*texts: str, structured: Any = None, error: bool = False) -> mt.CallToolResult:
@@ -195,3 +224,31 @@ async def test_error_results_are_never_compacted(harness: rc.Harness) -> None:
     """An isError result goes back as it came, however large."""
     result = text_result("x" * 5000, error=True)
     assert await compact_tool_result(result, config(harness)) is result
+
+
+async def test_text_nested_too_deeply_to_decode_is_kept_as_text(harness: rc.Harness) -> None:
+    """JSON text deeper than the decoder's recursion bound is retained as the text it is."""
+    text = "[" * 5000 + "]" * 5000
+    out = await compact_tool_result(text_result(text), config(harness))
+    assert await stored_value(harness, out.content[0].text) == text
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        mt.CallToolResult(content=[], structured_content={"x": [math.nan] * 400, "k": MARKER}),
+        text_result("\ud800" + MARKER * 100),
+        mt.CallToolResult(content=[], structured_content=nested(5000, {"k": MARKER * 100})),
+    ],
+    ids=["NaN", "lone surrogate", "too deep"],
+)
+async def test_a_result_that_cannot_be_retained_passes_through_with_a_warning(
+    harness: rc.Harness, result: mt.CallToolResult, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The call still answers: the result as it came (nothing stored), and a warning that
+    names the reason's type, never the content."""
+    with caplog.at_level(logging.WARNING, logger="response_compaction"):
+        assert await compact_tool_result(result, config(harness)) is result
+    assert [r.getMessage() for r in caplog.records if "uncompacted" in r.getMessage()]
+    assert MARKER not in caplog.text
+    assert entry_files(store_root(harness.fs)) == set()

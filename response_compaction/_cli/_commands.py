@@ -261,6 +261,7 @@ async def _proxy(args: argparse.Namespace) -> int:
             harness=_harness(args, llm),
             options=_options(args, fallback),
             summary_schema=schema,
+            read_tool=args.read_tool,
             max_bytes=args.max_bytes,
             text_bytes=args.text_bytes,
         )

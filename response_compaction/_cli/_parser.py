@@ -291,6 +291,13 @@ def _add_proxy(sub: _Sub, parents: list[_Parser]) -> None:
         default=16_000,
         help="cap on the text that replaces a compacted result (default: %(default)s)",
     )
+    proxy.add_argument(
+        "--read-tool",
+        metavar="NAME",
+        default="read_exact",
+        help="the added read tool's name, if the upstream has one of its own called read_exact"
+        " (default: %(default)s)",
+    )
 
 
 def _add_verify_and_prune(sub: _Sub, root: _Parser) -> None:

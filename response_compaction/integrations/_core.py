@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,8 +21,8 @@ from .._compact import response_compact
 from .._part import MIN_MAX_BYTES
 from .._pydantic import pydantic_plain
 from .._read import response_compaction_read_part
-from .._refusals import duplicate_key_path
-from ..mcp import read_result_as_dict, read_tool_function
+from .._refusals import decoded_or_text
+from ..mcp import echoed_bytes, read_result_as_dict, read_tool_function
 
 __all__ = ["READ_EXACT_DESCRIPTION", "AgentSummary", "Compactor"]
 
@@ -35,6 +36,7 @@ READ_EXACT_DESCRIPTION = (
 )
 #: Room kept in a read-back reply for everything but the part's value and the echoed pointer.
 _REPLY_OVERHEAD = 320
+log = logging.getLogger("response_compaction")
 
 
 class AgentSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,11 +154,12 @@ class Compactor:
         self, pointer: str, start: int | None, stop: int | None, max_bytes: int | None
     ) -> dict[str, Any]:
         # The reply echoes the pointer beside the part and its fields: all of it fits the cap.
-        echoed = len(msgspec.json.encode(pointer)) if isinstance(pointer, str) else 0
-        room = self.max_bytes - _REPLY_OVERHEAD - echoed
+        room = self.max_bytes - _REPLY_OVERHEAD - echoed_bytes(pointer)
         if room < MIN_MAX_BYTES:
             raise ValueError("this tool's reply cap (max_bytes) is too small for this pointer")
-        cap = room if max_bytes is None else max(MIN_MAX_BYTES, min(max_bytes, room))
+        cap: Any = room if max_bytes is None else max_bytes  # not an int: read_part says so
+        if type(max_bytes) is int:
+            cap = max(MIN_MAX_BYTES, min(max_bytes, room))
         return {"pointer": pointer, "start": start, "stop": stop, "max_bytes": cap}
 
     def read_function(self) -> Callable[..., Any]:
@@ -170,17 +173,16 @@ class Compactor:
 
 def _exact(result: Any) -> Any:
     # Tools often return JSON as a string: retain the value it holds, else the string itself.
-    if isinstance(result, str | bytes):
-        text = result if isinstance(result, str) else result.decode("utf-8", "replace")
+    if isinstance(result, bytes):
         try:
-            value = msgspec.json.decode(result)
-        except msgspec.DecodeError:
-            return text
-        # Decoding keeps the last of two equal keys: such JSON is kept as the text it was.
-        try:
-            return text if duplicate_key_path(text.encode()) is not None else value
-        except ValueError:  # keys that cannot be checked: the text is what is certain
-            return text
+            result = result.decode()
+        except UnicodeDecodeError:
+            # JSON holds text only: what is retained is not these bytes, and the log says so.
+            log.warning("a tool returned %d bytes that are not UTF-8: retained as text with"
+                        " U+FFFD in place of each invalid sequence", len(result))  # fmt: skip
+            result = result.decode("utf-8", "replace")
+    if isinstance(result, str):
+        return decoded_or_text(result)
     return pydantic_plain(result)
 
 
