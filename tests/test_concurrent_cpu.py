@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import pytest
 from anyio import wait_all_tasks_blocked
@@ -116,6 +117,33 @@ async def test_a_task_whose_timer_fell_due_during_a_step_runs_before_the_next_st
         tg.start_soon(sleeper)
         tg.start_soon(stepper)
     assert order == ["step 0", "woke", "step 1"]
+
+
+async def test_a_step_cancelled_between_turns_raises_its_cancellation() -> None:
+    """Cancelled while it waits to take the turn back (another task holds it), a step ends
+    with its cancellation, holding the turn its block then lets go of: not a RuntimeError
+    for releasing a lock it did not hold (a deadline during a large read or compaction)."""
+    turn = cpu_turn()
+    scope = anyio.CancelScope()
+    other_began = anyio.Event()
+
+    async def other() -> None:
+        async with turn:
+            other_began.set()
+            scope.cancel()  # the stepper now waits for the turn this task holds
+            for _ in range(5):
+                await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        with scope:
+            async with turn:
+                tg.start_soon(other)
+                await next_turn()  # lets other take the turn, then waits to take it back
+        assert scope.cancelled_caught
+    assert other_began.is_set()
+    assert not turn.lock.locked()
+    async with turn:  # free for the next step
+        pass
 
 
 async def test_a_worker_hashes_what_it_reads_back_without_a_thread_here(tmp_path: Path) -> None:

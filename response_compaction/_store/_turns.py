@@ -82,6 +82,21 @@ class _Turn:
         for _ in range(3):
             await anyio.lowlevel.checkpoint()
 
+    async def take_back(self) -> None:
+        """:meth:`acquire` inside a block that holds the turn and let it go (:func:`next_turn`).
+
+        Cancelled while waiting, it still takes the lock, shielded (holders keep it for one
+        CPU step), then raises: the block's exit lets go of the turn, and releasing a lock
+        this task did not hold replaced the caller's cancellation with a RuntimeError.
+        """
+        try:
+            await self.acquire()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.lock.acquire()
+            self._began = time.perf_counter()
+            raise
+
     def wanted(self) -> bool:
         """Whether other tasks are waiting for this turn."""
         return self.lock.statistics().tasks_waiting > 0
@@ -119,7 +134,7 @@ async def next_turn() -> None:
     try:
         await turn.breathe()
     finally:
-        await turn.acquire()
+        await turn.take_back()
 
 
 async def pace() -> None:
