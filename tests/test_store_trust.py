@@ -87,6 +87,22 @@ async def test_rewritten_summary_entry_with_a_matching_row_reads_broken(
     assert [report.state for report in await store.verify()] == ["found"]
 
 
+@pytest.mark.parametrize("size", [2**40, 2**62])
+async def test_a_row_claiming_a_huge_size_reads_the_file_as_it_is(
+    harness: rc.Harness, size: int
+) -> None:
+    """The row's size bounds a read, never what is allocated for it: a row claiming a
+    terabyte is read as the bytes the file holds (which the reference's digest vouches
+    for), with no MemoryError; read_part too."""
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    with sqlite3.connect(root / "index.sqlite3") as conn:
+        conn.execute("UPDATE entries SET size = ? WHERE key = ?", (size, hex_of(A)))
+    assert await read(harness, A) == rc.Found(value=A)
+    part = await rc.response_compaction_read_part(harness, ref_of(A), pointer="/rows/0")
+    assert isinstance(part, rc.Found)
+
+
 @pytest.mark.parametrize("outside_size", [1234, len(b'{"rows":[],"total":0}')])
 async def test_entry_hardlinked_to_an_outside_file_reveals_nothing_about_it(
     harness: rc.Harness, tmp_path: Path, outside_size: int

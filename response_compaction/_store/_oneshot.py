@@ -65,6 +65,10 @@ SMALL_BYTES = 256 << 10
 CHECK_HERE_BYTES = 16 << 10
 
 
+#: The most one read asks for beyond what the file's fstat said it holds.
+_READ_CHUNK = 1 << 20
+
+
 class Put(NamedTuple):
     """What :func:`put_small` did: whether the key was live before, and the verified value."""
 
@@ -280,13 +284,16 @@ def read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
         with os.fdopen(fd, "rb", buffering=0) as file:
             return file.readall()
     try:
-        data = os.read(fd, limit + 1)  # small entries: one read (no file object to build)
+        # Small entries: one read (no file object to build). ``os.read`` allocates what it is
+        # asked for, so it is asked for what the file holds, not what the row says it does:
+        # a row claiming 2**40 bytes was a MemoryError.
+        data = os.read(fd, min(limit, st.st_size or _READ_CHUNK) + 1)
         # A regular file's read comes back short at its end, and the fstat said where that
         # is: no second read to learn it (a system call, 0.4 us of a 45 us small read). A
         # file that shrank reads empty and ends it. A size of 0 (some FUSE file systems say
         # so of any file) is not believed: the reads go on until one comes back empty.
         while len(data) <= limit and (len(data) < st.st_size or not st.st_size):
-            chunk = os.read(fd, limit + 1 - len(data))
+            chunk = os.read(fd, min(limit + 1 - len(data), _READ_CHUNK))
             if not chunk:
                 break
             data += chunk
