@@ -95,6 +95,28 @@ async def test_a_clock_going_backwards_revives_no_expired_entry(
     assert await _read(harness, "a") == rc.Missing()
 
 
+async def test_a_read_that_found_an_entry_expired_keeps_it_expired_for_an_earlier_clock(
+    tmp_path: Path,
+) -> None:
+    """One process, one clock: a read at T0+100 says Missing, and after the clock steps back
+    to T0+5 (inside the TTL) reads still say Missing, whole or in part, also after a write;
+    an entry stored after that is corrected to expire after the time witnessed."""
+    clock = FakeClock(T0)
+    seed_key(tmp_path / "ws")  # a known key, so refs can be made here (ref_of)
+    harness = _harness(tmp_path / "ws", clock)
+    await compact(harness, tagged("a"), ttl_seconds=10)
+    assert await _read(harness, "a") == rc.Found(value=tagged("a"))
+    clock.now = T0 + 100
+    assert await _read(harness, "a") == rc.Missing()
+    clock.now = T0 + 5
+    assert await _read(harness, "a") == rc.Missing()
+    assert await rc.response_compaction_read_part(harness, ref_of(tagged("a"))) == rc.Missing()
+    await compact(harness, tagged("b"), ttl_seconds=10)  # expires at T0+110, not T0+15
+    assert await _read(harness, "a") == rc.Missing()
+    clock.now = T0 + 50
+    assert await _read(harness, "b") == rc.Found(value=tagged("b"))
+
+
 async def test_capacity_eviction_follows_use_order_not_a_clock_going_backwards(
     tmp_path: Path,
 ) -> None:

@@ -81,6 +81,11 @@ class Index:
         self._read_lock = threading.Lock()
         self._pending: dict[tuple[Kind, str], float] = {}
         self._next_flush = 0.0
+        #: The highest clock at which a lookup found its row expired, and whether it is still
+        #: to be recorded (with the next write): a clock that then goes back is corrected by
+        #: it, here at once, in other processes once it is written.
+        self._witnessed = 0.0
+        self._witness_unwritten = False
         self._wal = WalIndex(root)
         self._unsettled = False  # True: the write connection's settings are not the defaults
         path = os.path.join(root, "index.sqlite3")
@@ -203,6 +208,9 @@ class Index:
             raise IndexBusy
 
     def _flush_uses(self, tx: Transaction) -> None:
+        if self._witness_unwritten:
+            self._witness_unwritten = False
+            tx.saw(self._witnessed)
         pending, self._pending = self._pending, {}
         # A copy made in one step: a worker's record_use may still add to ``pending`` (that
         # use is lost: best-effort), and iterating a dict that grows raises.
@@ -282,7 +290,12 @@ class Index:
         ):
             raise CorruptRowError("the index row of this entry is corrupt")
         hint = layout if isinstance(layout, bytes) else None  # a layout is only a hint
-        return Row(digest, size, when, hint, number(attested) or now)
+        if when <= now and now > self._witnessed:
+            # Expired by this clock: no clock behind it revives the entry (reads record no
+            # clock of their own otherwise). Best effort, like a use: written with the next
+            # write, or lost with the process, which only a later write would have recorded.
+            self._witnessed, self._witness_unwritten = now, True
+        return Row(digest, size, when, hint, max(number(attested) or now, self._witnessed))
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""
