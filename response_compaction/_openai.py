@@ -58,6 +58,10 @@ class OpenAICatalog:
 
         if not isinstance(client, openai.AsyncOpenAI):
             raise TypeError(f"client must be an openai.AsyncOpenAI, got {type(client).__name__}")
+        if not isinstance(ladders, Mapping):
+            raise TypeError(
+                f"ladders must be a mapping of names to routes, got {type(ladders).__name__}"
+            )
         checked: dict[str, tuple[str, ...]] = {}
         for name, routes in ladders.items():
             if isinstance(routes, str) or not routes:

@@ -702,6 +702,8 @@ async def test_catalog_refuses_malformed_ladders(server: FakeOpenAI) -> None:
             rc.OpenAICatalog(client, {"main": "gpt"})
         with pytest.raises(ValueError, match="route"):
             rc.OpenAICatalog(client, {"main": ["gpt", ""]})
+        with pytest.raises(TypeError, match="ladders must be a mapping"):
+            rc.OpenAICatalog(client, [("main", ["gpt"])])  # type: ignore[arg-type]
         catalog = rc.OpenAICatalog(client, {"main": ["a", "b"]})
         assert catalog.routes("main") == ("a", "b")
         with pytest.raises(LookupError, match="other"):
