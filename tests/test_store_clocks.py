@@ -7,6 +7,7 @@ clock stopped at a given time (``tests._store_child clocked``).
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -115,6 +116,23 @@ async def test_a_read_that_found_an_entry_expired_keeps_it_expired_for_an_earlie
     assert await _read(harness, "a") == rc.Missing()
     clock.now = T0 + 50
     assert await _read(harness, "b") == rc.Found(value=tagged("b"))
+
+
+@pytest.mark.parametrize("broken", [math.nan, math.inf, -math.inf])
+async def test_a_clock_that_is_not_finite_is_a_store_error(tmp_path: Path, broken: float) -> None:
+    """A NaN compares false with every expiry and an infinity expires what it stores: an
+    injected clock giving either fails the operation, it is never taken as a time."""
+    clock = FakeClock(T0)
+    seed_key(tmp_path / "ws")
+    harness = _harness(tmp_path / "ws", clock)
+    await compact(harness, tagged("a"), ttl_seconds=10)
+    clock.now = broken
+    with pytest.raises(rc.StoreError, match="clock gave a time that is not finite"):
+        await _read(harness, "a")
+    with pytest.raises(rc.StoreError, match="clock gave a time that is not finite"):
+        await compact(harness, tagged("b"))
+    clock.now = T0 + 1
+    assert await _read(harness, "a") == rc.Found(value=tagged("a"))
 
 
 async def test_capacity_eviction_follows_use_order_not_a_clock_going_backwards(

@@ -51,6 +51,7 @@ from .._errors import map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout
+from ._clocks import finite_clock
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
 from ._hit import renew_inline
@@ -113,7 +114,8 @@ async def open_store(fs: Any) -> Store:
     base = os.fspath(fs.workspace_temp_dir())
     with map_errors(f"cannot use the workspace {base!r} for the store"):
         root, key = await _root_and_key(backend, base)
-    store = Store(root, clock or time.time, backend, key, fast=file_backend is None)
+    store = Store(root, finite_clock(clock) if clock else time.time, backend, key,
+                  fast=file_backend is None)  # fmt: skip
     if type(fs) is LocalWorkspace and clock is None and file_backend is None:
         seen = _prepared.get((PROCESS.pid, base))
         if seen is not None and seen[1] == key:

@@ -19,9 +19,13 @@ row names the writer that last stored it. From these:
 
 from __future__ import annotations
 
+import errno
+import math
 import secrets
 import sqlite3
+from collections.abc import Callable
 
+from .._errors import StoreError
 from ._paths import PROCESS
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "DELETABLE_SQL",
     "MAX_CLOCKS",
     "attested_sql",
+    "finite_clock",
     "record_clock",
     "writer_id",
 ]
@@ -37,6 +42,22 @@ __all__ = [
 MAX_CLOCKS = 64
 
 _writer: tuple[int, str] = (-1, "")
+
+
+def finite_clock(clock: Callable[[], float]) -> Callable[[], float]:
+    """An injected clock whose NaN or infinite time is a :class:`StoreError`, not a time.
+
+    A NaN compares false with every expiry (an expired entry read ``Found``), and an
+    infinite one expires everything it stores before the receipt is read.
+    """
+
+    def now() -> float:
+        value = clock()
+        if not math.isfinite(value):
+            raise StoreError(errno.EINVAL, "the workspace clock gave a time that is not finite")
+        return value
+
+    return now
 
 
 def writer_id() -> str:
