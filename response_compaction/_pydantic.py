@@ -222,21 +222,18 @@ def resolve_pydantic_fallback(options: Any, summary_schema: Any) -> tuple[Any, A
         return options, None
     if callable(fallback) and not isinstance(fallback, pydantic.BaseModel | type):
         return rest, fallback  # a fallback function: its result is checked when it is called
-    try:
-        return rest, _adapter(summary_schema).validate_python(fallback)
-    except pydantic.ValidationError as exc:
-        raise ValueError(
-            f"invalid compaction options: fallback: {_describe(exc, summary_schema)}"
-        ) from None
+    return rest, _summary(fallback, summary_schema, "invalid compaction options: fallback")
 
 
 def pydantic_fallback_value(made: Any, summary_schema: Any) -> Any:
     """What a fallback function returned, validated against a pydantic summary schema."""
+    return _summary(made, summary_schema, "the fallback function's result is not a summary")
+
+
+def _summary(value: Any, summary_schema: Any, what: str) -> Any:
     import pydantic
 
     try:
-        return _adapter(summary_schema).validate_python(made)
+        return _adapter(summary_schema).validate_python(value)
     except pydantic.ValidationError as exc:
-        raise ValueError(
-            f"the fallback function's result is not a summary: {_describe(exc, summary_schema)}"
-        ) from None
+        raise ValueError(f"{what}: {_describe(exc, summary_schema)}") from None
