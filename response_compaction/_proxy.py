@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 
 from ._compact import response_compact
+from ._errors import SchemaError
 from ._options import resolve_options
 from ._refusals import decoded_or_text
 from .mcp import _import_mcp, create_server
@@ -83,6 +84,8 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
         if _size(texts, result.structured_content) <= opts.summarize_above_bytes:
             return result
         compacted = await _compacted(texts, result.structured_content, config, opts)
+    except SchemaError:
+        raise  # the proxy's summary schema, not this result: every large result would fail
     except (ValueError, RecursionError) as exc:
         log.warning(
             "proxy: a tool result is passed on uncompacted: it cannot be retained exactly (%s)",

@@ -252,3 +252,17 @@ async def test_a_result_that_cannot_be_retained_passes_through_with_a_warning(
     assert [r.getMessage() for r in caplog.records if "uncompacted" in r.getMessage()]
     assert MARKER not in caplog.text
     assert entry_files(store_root(harness.fs)) == set()
+
+
+async def test_a_summary_schema_strict_output_cannot_express_is_an_error_not_a_pass_through(
+    harness: rc.Harness,
+) -> None:
+    """The proxy's own configuration failing is raised, not taken for a result that cannot
+    be retained (which would pass every large result on uncompacted)."""
+    cfg = ProxyConfig(
+        harness=harness,
+        options={"fallback": {}, "ladder": "main", "summarize_above_bytes": 1000},
+        summary_schema=dict[str, Any],
+    )
+    with pytest.raises(rc.SchemaError):
+        await compact_tool_result(text_result("x" * 5000), cfg)
