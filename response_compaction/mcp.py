@@ -186,7 +186,9 @@ async def _answer(
         room = part_cap - echoed_bytes(pointer)
         if room < MIN_MAX_BYTES:
             return _error(types, "pointer is too long for this server's reply cap")
-        limit = min(max_bytes, room) if type(max_bytes) is int else max_bytes or room
+        limit: Any = room if max_bytes is None else max_bytes  # not an int: read_part says so
+        if type(max_bytes) is int:
+            limit = min(max_bytes, room)
         if exact_schema is not Any:
             checked = await response_compaction_read_exact(harness, exact_ref, exact_schema)
             if not isinstance(checked, Found):
