@@ -284,22 +284,34 @@ def read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
         with os.fdopen(fd, "rb", buffering=0) as file:
             return file.readall()
     try:
-        # Small entries: one read (no file object to build). ``os.read`` allocates what it is
-        # asked for, so it is asked for what the file holds, not what the row says it does:
-        # a row claiming 2**40 bytes was a MemoryError.
-        data = os.read(fd, min(limit, st.st_size or _READ_CHUNK) + 1)
-        # A regular file's read comes back short at its end, and the fstat said where that
-        # is: no second read to learn it (a system call, 0.4 us of a 45 us small read). A
-        # file that shrank reads empty and ends it. A size of 0 (some FUSE file systems say
-        # so of any file) is not believed: the reads go on until one comes back empty.
-        while len(data) <= limit and (len(data) < st.st_size or not st.st_size):
-            chunk = os.read(fd, min(limit + 1 - len(data), _READ_CHUNK))
-            if not chunk:
-                break
-            data += chunk
-        return data
+        return _read_bounded(fd, st.st_size, limit)
+    except MemoryError:
+        # A planted sparse file as large as a forged row claims: unreadable, not a crash.
+        raise OSError(errno.ENOMEM, "the entry is too large to read into memory") from None
     finally:
         os.close(fd)
+
+
+def _read_bounded(fd: int, st_size: int, limit: int) -> bytes:
+    # ``os.read`` allocates what it is asked for: it is asked for what the fstat says the
+    # file holds (bounded by the row), not for what the row says (2**40: a MemoryError).
+    want = min(limit, st_size or _READ_CHUNK) + 1
+    data = os.read(fd, want)  # small entries: one read (no file object to build)
+    # A regular file's read comes back short at its end, and the fstat said where that is:
+    # no second read to learn it (a system call, 0.4 us of a 45 us small read).
+    if len(data) < want and len(data) >= st_size > 0:
+        return data
+    # Cut short before it (a file that shrank), a size of 0 (some FUSE file systems say so
+    # of any file) or a file longer than its fstat said: read on, in pieces joined once,
+    # until a read comes back empty or there is a byte more than the limit.
+    chunks, got = [data], len(data)
+    while got <= limit:
+        chunk = os.read(fd, min(limit + 1 - got, max(st_size, _READ_CHUNK)))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return data if len(chunks) == 1 else b"".join(chunks)
 
 
 def write_fully(fd: int, data: bytes | memoryview) -> None:
