@@ -71,6 +71,39 @@ class IndexReplacedError(StoreError):
     """``index.sqlite3`` is not the file this connection has open any more."""
 
 
+class _Witness:
+    """The highest clock at which a lookup of this process found a row of one store expired.
+
+    Reads record no clock of their own otherwise, so a clock that then went back revived the
+    entry. It raises the attested time of this process's lookups at once, and is recorded in
+    the index with the next write (best effort, like a use). One per store root, not per
+    connection: an index closed as idle, or reopened, keeps it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # lookups run on the loop thread and in worker threads
+        self.now = 0.0
+        self._written = 0.0
+
+    def saw_expired(self, now: float) -> None:
+        with self._lock:
+            self.now = max(self.now, now)
+
+    def unwritten(self) -> float | None:
+        """The time to record with the next write, if there is one."""
+        now = self.now
+        return now if now > self._written else None
+
+    def written(self, now: float | None) -> None:
+        """``now`` was committed (not just written: a rolled-back write keeps it due)."""
+        if now is not None:
+            with self._lock:
+                self._written = max(self._written, now)
+
+
+_witnesses: dict[str, _Witness] = {}
+
+
 class Index:
     """One root's ``index.sqlite3``: a writer connection and a reader connection."""
 
@@ -81,11 +114,7 @@ class Index:
         self._read_lock = threading.Lock()
         self._pending: dict[tuple[Kind, str], float] = {}
         self._next_flush = 0.0
-        #: The highest clock at which a lookup found its row expired, and whether it is still
-        #: to be recorded (with the next write): a clock that then goes back is corrected by
-        #: it, here at once, in other processes once it is written.
-        self._witnessed = 0.0
-        self._witness_unwritten = False
+        self._witness = _witnesses.setdefault(root, _Witness())  # outlives this connection
         self._wal = WalIndex(root)
         self._unsettled = False  # True: the write connection's settings are not the defaults
         path = os.path.join(root, "index.sqlite3")
@@ -164,11 +193,12 @@ class Index:
                 if on_loop:
                     self._check_unsynced()
                 tx = Transaction(self._conn)
-                self._flush_uses(tx)
+                witnessed = self._flush_uses(tx)
                 yield tx
                 tx.finish()
                 self._check_current()
                 self._conn.execute("COMMIT")
+                self._witness.written(witnessed)
             except BaseException:
                 # SQLite may have rolled back already (a full disk during COMMIT does): a
                 # second ROLLBACK would replace the real error with "no transaction is active".
@@ -207,15 +237,17 @@ class Index:
         if not self._wal.appends_unsynced():  # read under the lock (see _wal)
             raise IndexBusy
 
-    def _flush_uses(self, tx: Transaction) -> None:
-        if self._witness_unwritten:
-            self._witness_unwritten = False
-            tx.saw(self._witnessed)
+    def _flush_uses(self, tx: Transaction) -> float | None:
+        """Write the uses noted so far, and the clock witnessed if not yet written (which)."""
+        witnessed = self._witness.unwritten()
+        if witnessed is not None:
+            tx.saw(witnessed)
         pending, self._pending = self._pending, {}
         # A copy made in one step: a worker's record_use may still add to ``pending`` (that
         # use is lost: best-effort), and iterating a dict that grows raises.
         for (kind, key), when in list(pending.items()):
             tx.touch(kind, key, when)
+        return witnessed
 
     def flush_due(self) -> bool:
         """Whether uses are waiting to be written and the batching interval has passed."""
@@ -290,12 +322,9 @@ class Index:
         ):
             raise CorruptRowError("the index row of this entry is corrupt")
         hint = layout if isinstance(layout, bytes) else None  # a layout is only a hint
-        if when <= now and now > self._witnessed:
-            # Expired by this clock: no clock behind it revives the entry (reads record no
-            # clock of their own otherwise). Best effort, like a use: written with the next
-            # write, or lost with the process, which only a later write would have recorded.
-            self._witnessed, self._witness_unwritten = now, True
-        return Row(digest, size, when, hint, max(number(attested) or now, self._witnessed))
+        if when <= now and now > self._witness.now:
+            self._witness.saw_expired(now)
+        return Row(digest, size, when, hint, max(number(attested) or now, self._witness.now))
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""
