@@ -189,14 +189,12 @@ async def _store_exact(
             layout=layout,
         )
     except ValueError as exc:
-        if str(exc).startswith("exact_response "):  # the encoder's own words
+        if scan_nulls or str(exc).startswith("exact_response "):  # the encoder's own words
             raise
-        if not scan_nulls:
-            problem = await anyio.to_thread.run_sync(first_problem, value)
-            if problem is not None:
-                raise refused(problem) from None
-        # The read-back's check (e.g. a pydantic field assigned a wrong type after validation).
-        raise ValueError(f"exact_response does not validate against exact_schema: {exc}") from None
+        problem = await anyio.to_thread.run_sync(first_problem, value)
+        if problem is None:
+            raise
+        raise refused(problem) from None
 
 
 class _ExactFacts:

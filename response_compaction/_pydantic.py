@@ -234,6 +234,8 @@ def _summary(value: Any, summary_schema: Any, what: str) -> Any:
     import pydantic
 
     try:
-        return _adapter(summary_schema).validate_python(value)
+        # As plain data: pydantic takes a model instance as it is (revalidate_instances is
+        # "never"), with whatever was assigned to it after construction.
+        return _adapter(summary_schema).validate_python(pydantic_plain(value))
     except pydantic.ValidationError as exc:
         raise ValueError(f"{what}: {_describe(exc, summary_schema)}") from None
