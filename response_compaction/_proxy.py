@@ -35,7 +35,6 @@ from typing import Any
 import msgspec
 
 from ._compact import response_compact
-from ._errors import SchemaError
 from ._options import resolve_options
 from ._refusals import decoded_or_text
 from .mcp import _import_mcp, create_server
@@ -84,9 +83,9 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
         if _size(texts, result.structured_content) <= opts.summarize_above_bytes:
             return result
         compacted = await _compacted(texts, result.structured_content, config, opts)
-    except SchemaError:
-        raise  # the proxy's summary schema, not this result: every large result would fail
     except (ValueError, RecursionError) as exc:
+        if not _refusal(exc):
+            raise  # the proxy's own configuration (a summary schema, a fallback function)
         log.warning(
             "proxy: a tool result is passed on uncompacted: it cannot be retained exactly (%s)",
             type(exc).__name__,
@@ -117,10 +116,17 @@ async def _compacted(
     try:
         value = _retained(texts, structured, parse=True)
         return await response_compact(config.harness, value, Any, schema, opts)
-    except ValueError:
+    except ValueError as exc:
+        if not _refusal(exc):
+            raise
         # Canonical JSON refuses what the text decodes to (1e999 is infinity): keep it as text.
         value = _retained(texts, structured, parse=False)
         return await response_compact(config.harness, value, Any, schema, opts)
+
+
+def _refusal(exc: Exception) -> bool:
+    """Whether ``exc`` says the value itself cannot be retained (not how it is compacted)."""
+    return isinstance(exc, RecursionError) or str(exc).startswith("exact_response ")
 
 
 def _retained(texts: list[str], structured: Any, *, parse: bool) -> Any:
@@ -196,14 +202,19 @@ async def _server(
 
 
 async def _tool_names(client: Any) -> set[str]:
+    """The names on the upstream's first ``_MAX_PAGES`` pages of tools (a cycle ends there)."""
     names: set[str] = set()
     cursor = None
-    while True:
+    for _ in range(_MAX_PAGES):
         page = await client.list_tools(cursor=cursor)
         names.update(tool.name for tool in page.tools)
         cursor = page.next_cursor
         if cursor is None:
-            return names
+            break
+    return names
+
+
+_MAX_PAGES = 100
 
 
 async def serve_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> None:

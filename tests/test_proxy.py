@@ -254,11 +254,12 @@ async def test_a_result_that_cannot_be_retained_passes_through_with_a_warning(
     assert entry_files(store_root(harness.fs)) == set()
 
 
-async def test_a_summary_schema_strict_output_cannot_express_is_an_error_not_a_pass_through(
+async def test_the_proxys_own_configuration_failing_is_an_error_not_a_pass_through(
     harness: rc.Harness,
 ) -> None:
-    """The proxy's own configuration failing is raised, not taken for a result that cannot
-    be retained (which would pass every large result on uncompacted)."""
+    """A summary schema strict output cannot express, or a fallback function whose result
+    is no summary, is raised once: not taken for a result that cannot be retained (which
+    would pass every large result on uncompacted), nor compacted again as text."""
     cfg = ProxyConfig(
         harness=harness,
         options={"fallback": {}, "ladder": "main", "summarize_above_bytes": 1000},
@@ -266,3 +267,19 @@ async def test_a_summary_schema_strict_output_cannot_express_is_an_error_not_a_p
     )
     with pytest.raises(rc.SchemaError):
         await compact_tool_result(text_result("x" * 5000), cfg)
+    calls: list[int] = []
+
+    def fallback(profile: rc.Profile) -> Any:
+        calls.append(profile.record_count)
+        return {"overview": 1}
+
+    options = {"fallback": fallback, "ladder": "main", "summarize_above_bytes": 1000}
+    cfg = ProxyConfig(harness=harness, options=options, summary_schema=Summary)
+    with pytest.raises(ValueError, match="fallback function"):
+        await compact_tool_result(text_result(json_rows(2000)), cfg)
+    assert len(calls) == 1
+    assert len(entry_files(store_root(harness.fs))) == 1
+
+
+def json_rows(count: int) -> str:
+    return msgspec.json.encode({"rows": list(range(count))}).decode()
