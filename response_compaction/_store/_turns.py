@@ -85,9 +85,11 @@ class _Turn:
     async def take_back(self) -> None:
         """:meth:`acquire` inside a block that holds the turn and let it go (:func:`next_turn`).
 
-        Cancelled while waiting, it still takes the lock, shielded (holders keep it for one
-        CPU step), then raises: the block's exit lets go of the turn, and releasing a lock
-        this task did not hold replaced the caller's cancellation with a RuntimeError.
+        Cancelled while waiting, it still takes the lock, shielded, then raises: the block's
+        exit lets go of the turn, and releasing a lock this task did not hold replaced the
+        caller's cancellation with a RuntimeError. The shielded wait is behind every task
+        queued for the turn, a CPU step each (up to 10 ms): with 32 compactions at once a
+        cancellation can land a few hundred milliseconds late.
         """
         try:
             await self.acquire()
