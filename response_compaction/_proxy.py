@@ -80,17 +80,17 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
         return result
     texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
     try:
-        if _size(texts, result.structured_content) <= opts.summarize_above_bytes:
-            return result
+        size = _size(texts, result.structured_content)
+    except (ValueError, RecursionError) as exc:  # no JSON holds it (an int of 5,000 digits)
+        return _passed_on(result, exc)
+    if size <= opts.summarize_above_bytes:
+        return result
+    try:
         compacted = await _compacted(texts, result.structured_content, config, opts)
     except (ValueError, RecursionError) as exc:
         if not _refusal(exc):
             raise  # the proxy's own configuration (a summary schema, a fallback function)
-        log.warning(
-            "proxy: a tool result is passed on uncompacted: it cannot be retained exactly (%s)",
-            type(exc).__name__,
-        )
-        return result
+        return _passed_on(result, exc)
     text = compacted.to_agent_text(read_tool=config.read_tool, max_bytes=config.text_bytes)
     others = [block for block in result.content if not isinstance(block, types.TextContent)]
     return types.CallToolResult(
@@ -98,6 +98,14 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
         is_error=False,
         _meta=result.meta,
     )
+
+
+def _passed_on(result: Any, exc: BaseException) -> Any:
+    log.warning(
+        "proxy: a tool result is passed on uncompacted: it cannot be retained exactly (%s)",
+        type(exc).__name__,
+    )
+    return result
 
 
 def _size(texts: list[str], structured: Any) -> int:

@@ -239,8 +239,9 @@ async def test_text_nested_too_deeply_to_decode_is_kept_as_text(harness: rc.Harn
         mt.CallToolResult(content=[], structured_content={"x": [math.nan] * 400, "k": MARKER}),
         text_result("\ud800" + MARKER * 100),
         mt.CallToolResult(content=[], structured_content=nested(5000, {"k": MARKER * 100})),
+        mt.CallToolResult(content=[], structured_content={"n": 10**5000, "k": MARKER}),
     ],
-    ids=["NaN", "lone surrogate", "too deep"],
+    ids=["NaN", "lone surrogate", "too deep", "5,000 digits"],
 )
 async def test_a_result_that_cannot_be_retained_passes_through_with_a_warning(
     harness: rc.Harness, result: mt.CallToolResult, caplog: pytest.LogCaptureFixture
