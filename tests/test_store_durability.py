@@ -201,21 +201,34 @@ def test_a_directory_is_opened_first_and_made_only_when_absent(
     assert oct((tmp_path / "ab").stat().st_mode & 0o777) == "0o700"
 
 
+@pytest.mark.parametrize("rows", [1, 2_000], ids=["on-the-loop", "in-a-worker"])
 async def test_uses_written_by_a_read_do_not_sync_and_the_next_store_does(
-    harness: rc.Harness,
+    harness: rc.Harness, rows: int
 ) -> None:
-    """A read writes the batch of uses due in a commit that does not sync the WAL (an fsync a
-    read more than a second after the last one paid); the store after it syncs as before."""
-    await compact(harness, A)
-    ref = (await compact(harness, A)).receipt.exact_ref
+    """A read (a small one on the loop, a larger one in a worker thread) has the batch of
+    uses due written by a helper thread, off the read's path, in a commit that does not sync
+    the WAL (an fsync a read more than a second after the last one paid); the store after it
+    syncs as before."""
+    value = Exact(rows=[Row(id=i, name=f"row {i:06d} " + "x" * 40) for i in range(rows)],
+                  total=rows)  # fmt: skip
+    await compact(harness, value)
+    ref = (await compact(harness, value)).receipt.exact_ref
     statements: list[str] = []
+    threads: set[str] = set()
+
+    def trace(statement: str) -> None:
+        statements.append(statement)
+        if statement == "COMMIT":
+            threads.add(threading.current_thread().name)
+
     with open_index(harness) as (_, index):
-        index._conn.set_trace_callback(statements.append)
+        index._conn.set_trace_callback(trace)
         try:
-            for _ in range(3):  # the first is served inline; the batch then due, in a thread
+            for _ in range(3):  # the first batch is due at once
                 assert await rc.response_compaction_read_exact(harness, ref, Exact) == rc.Found(
-                    value=A
+                    value=value
                 )
+            _indexes.wait_for_closes()  # the helper's batch, written by now
             reads = len(statements)
             await compact(harness, Exact(rows=[Row(id=2, name="beta")], total=1))
         finally:
@@ -223,6 +236,7 @@ async def test_uses_written_by_a_read_do_not_sync_and_the_next_store_does(
     assert "COMMIT" in statements[:reads]
     assert _commit_modes(statements[:reads]) == {"NORMAL"}
     assert _commit_modes(statements[reads:]) == {"FULL"}
+    assert "response-compaction-close" in threads  # the reads' batch: not a read's thread
 
 
 def _commit_modes(statements: list[str]) -> set[str]:

@@ -249,16 +249,12 @@ class Index:
             tx.touch(kind, key, when)
         return witnessed
 
-    def flush_due(self) -> bool:
-        """Whether uses are waiting to be written and the batching interval has passed."""
-        return bool(self._pending) and time.monotonic() >= self._next_flush
-
     def record_use(self, kind: Kind, key: str, now: float, *, flush: bool = True) -> None:
         """Count a read as a use, best-effort: never waits for the write lock, never raises.
 
         A use that cannot be written now is kept and written by this process's next write;
-        losing some only changes which entry the LRU bound evicts first. ``flush=False`` (on
-        the event loop thread) only notes it: writing a batch is a commit, an fsync.
+        losing some only changes which entry the LRU bound evicts first. ``flush=False`` only
+        notes it (reads hand a due batch to a helper: ``_indexes.flush_uses_beside``).
         """
         if self.read_only:
             return
@@ -271,10 +267,22 @@ class Index:
         # waited for that fsync (1 MB of short strings read 1.05 s apart: 7.1 ms, and 4.9 ms
         # without it). A crash may lose them, which only changes the eviction order; the
         # next durable commit of any connection syncs them too.
+        if flush and self.take_flush():
+            self.flush_uses(now)
+
+    def take_flush(self) -> bool:
+        """Whether a batch of uses is due now; if so the next one is due an interval later.
+
+        True hands the caller the batch: it writes it (:meth:`flush_uses`) or has it written.
+        """
         due = time.monotonic()
-        if not flush or due < self._next_flush:
-            return
+        if not self._pending or due < self._next_flush:
+            return False
         self._next_flush = due + USE_FLUSH_SECONDS
+        return True
+
+    def flush_uses(self, now: float) -> None:
+        """Write the uses noted so far in a commit that does not sync; best-effort."""
         # Busy, full or read-only: the uses are kept for the next write, or lost.
         quietly = contextlib.suppress(IndexBusy, sqlite3.Error, OSError)
         with quietly, self.transaction(durable=False, wait=False) as tx:

@@ -28,6 +28,7 @@ __all__ = [
     "acquire",
     "acquire_now",
     "close_all",
+    "flush_uses_beside",
     "release",
     "wait_for_closes",
 ]
@@ -155,6 +156,38 @@ def release(index: Index, *, close_idle: bool = True) -> None:
     _close(closing)
 
 
+def flush_uses_beside(index: Index, now: float) -> None:
+    """Write the uses ``index`` noted, if a batch is due, in a helper thread (any caller).
+
+    For reads, which hold ``index``: the batch due once a second was a write transaction and
+    a commit on the read's own path (1 MB of short strings read 1.05 s apart: 4.5 against
+    3.8 ms for the floor, and 4.0 ms read back to back). The helper holds the index until it
+    is done; :func:`close_all` waits for it. Nothing here waits: with the table's lock busy
+    this instant the uses are left for the next write, as a busy write lock leaves them.
+    """
+    if not index.take_flush() or not _lock.acquire(blocking=False):
+        return
+    try:
+        slot = _open.get((PROCESS.pid, index.root))
+        if slot is None or slot.index is not index:
+            return  # retired: closing it will not write them either (best-effort)
+        slot.users += 1
+    finally:
+        _lock.release()
+    flushing = Aside(_flush_and_release, index, now, pool="close")
+    with _lock:
+        _closing.difference_update([c for c in _closing if c.done()])  # a few at most
+        if not flushing.done():
+            _closing.add(flushing)
+
+
+def _flush_and_release(index: Index, now: float) -> None:
+    try:
+        index.flush_uses(now)
+    finally:
+        release(index)
+
+
 def _take_unclosed() -> list[Index]:
     if not _unclosed:
         return []  # nearly always: no copy on every worker's acquire and release
@@ -200,7 +233,7 @@ def close_all() -> None:
 
 
 def wait_for_closes() -> None:
-    """Return once every close handed to a helper so far (see :func:`_close`) is over."""
+    """Return once every close (and batch of uses) handed to a helper so far is over."""
     with _lock:
         pending = list(_closing)
     for closing in pending:

@@ -32,6 +32,7 @@ from .._canonical import Span
 from .._errors import map_errors
 from .._models import Broken, Missing
 from .._perf import paused_gc
+from . import _indexes
 from ._fileio import FileBackend
 from ._paths import Kind, NotRegularFileError, open_entry
 from ._verify import check_trusted, opened_layout
@@ -106,7 +107,8 @@ async def get_checked(
             return Broken(detail=f"{kind} entry does not verify: {result}")
         if not isinstance(result, (Missing, Broken)):
             # Best-effort, like any read: a held lock must not turn a found part into an error.
-            await backend.run(index.record_use, kind, key, now)
+            index.record_use(kind, key, now, flush=False)
+            _indexes.flush_uses_beside(index, now)  # a due batch: by a helper, not a hop
     return result
 
 

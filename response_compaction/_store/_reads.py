@@ -101,7 +101,8 @@ def _read_checked(
             # Off the loop, GC paused. A schema with code of its own (validators, hooks) is
             # decoded by the caller, on the caller's thread, as it always was.
             decoded = decode_outcome(data, schema)
-        index.record_use(kind, key, now)
+        index.record_use(kind, key, now, flush=False)
+        _indexes.flush_uses_beside(index, now)  # a due batch is written off this read's path
     finally:
         _indexes.release(index)
     return Read(row, data, decoded)
@@ -131,6 +132,7 @@ def record_read(root: str, kind: Kind, key: str, now: float) -> None:
         return
     try:
         index.record_use(kind, key, now, flush=False)
+        _indexes.flush_uses_beside(index, now)
     finally:
         _indexes.release(index, close_idle=False)
 
@@ -157,17 +159,15 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
 
     A hop to a worker thread costs more than reading, hashing and decoding a few KB from the
     page cache, so a small entry is read right here, provided nothing would make the loop
-    wait: the index must already be open and its reader free this instant, the row must say
-    at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read), and no
-    batch of recorded uses may be due (writing it is a commit). Otherwise ``NOT_INLINE``:
-    take the worker thread.
+    wait: the index must already be open and its reader free this instant, and the row must
+    say at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read).
+    Otherwise ``NOT_INLINE``: take the worker thread. A batch of recorded uses that is due (a
+    commit) is written by a helper thread.
     """
     index = _indexes.acquire_now(root)
     if index is None:
         return NOT_INLINE
     try:
-        if index.flush_due():
-            return NOT_INLINE
         try:
             row = index.lookup(kind, key, now, wait=False)
         except IndexBusy:
@@ -192,7 +192,8 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
             problem = _problem(data, kind, key, row.digest, secret)
             if problem is not None:
                 return problem
-            index.record_use(kind, key, now, flush=False)  # a batch is written off the loop
+            index.record_use(kind, key, now, flush=False)
+            _indexes.flush_uses_beside(index, now)  # a due batch: by a helper, off the loop
     finally:
         _indexes.release(index, close_idle=False)
     return data if data is None or isinstance(data, str) else Read(row, data)
