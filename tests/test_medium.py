@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import sys
 import threading
 import weakref
@@ -146,6 +147,62 @@ async def test_a_medium_value_stored_alone_is_verified_here_and_reads_back(
     assert temp_files(root) == []
     (span,) = msgspec.json.decode(stored_layout(root, hex_of(value)), type=list[Span])
     assert span.field == "rows"
+
+
+async def test_a_medium_value_stored_again_is_renewed_and_the_file_written_meanwhile_dropped(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """The look for a live entry runs beside the temp file's write: a hit keeps the entry's
+    file (same inode, not rewritten), reads back equal, and leaves no temp file behind."""
+    value = big_exact(MEDIUM_ROWS)
+    await compact(harness, value)
+    root = store_root(workspace)
+    before = _identity(entry_path(root, hex_of(value)))
+    again = await compact(harness, value)
+    assert again.receipt.exact_cache == "reused"
+    assert _identity(entry_path(root, hex_of(value))) == before
+    assert temp_files(root) == []
+    assert await rc.response_compaction_read_exact(harness, ref_of(value), Exact) == rc.Found(
+        value=value
+    )
+
+
+async def test_a_medium_value_after_its_store_was_removed_makes_it_again(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """The store's directory removed between two puts: a medium value's put (its temp file
+    created beside the look for a live entry) makes it again, then stores and reads back."""
+    await compact(harness, big_exact(1))
+    shutil.rmtree(store_root(workspace))
+    value = big_exact(MEDIUM_ROWS)
+    receipt = (await compact(harness, value)).receipt  # under a new key: the old one went too
+    assert receipt.exact_cache == "stored"
+    assert await rc.response_compaction_read_exact(harness, receipt.exact_ref, Exact) == rc.Found(
+        value=value
+    )
+    assert temp_files(store_root(workspace)) == []
+
+
+class _LaxExact(msgspec.Struct, frozen=True):
+    rows: list[Row]
+    total: int
+
+
+async def test_a_live_medium_entry_that_does_not_validate_is_refused_and_leaves_no_temp(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """Bytes live under a laxer schema, compacted again under one they break: the look-up's
+    decode refuses them (ValueError), the file written beside it is removed, the entry stays."""
+    rows = big_exact(MEDIUM_ROWS).rows
+    lax = _LaxExact(rows=rows, total=-1)
+    first = await rc.response_compact(harness, lax, _LaxExact, Summary, {
+        "fallback": FALLBACK, "ladder": "none", "summarize_above_bytes": 32_000})  # fmt: skip
+    with pytest.raises(ValueError, match=r">= 0 - at `\$\.total`"):
+        await compact(harness, Exact(rows=rows, total=-1))
+    root = store_root(workspace)
+    assert temp_files(root) == []
+    key = first.receipt.exact_ref.removeprefix("rc1:")
+    assert entry_files(root) == index_rows(root) == {key}
 
 
 async def test_a_medium_value_stored_beside_another_is_verified_by_a_worker(

@@ -6,11 +6,12 @@ back, a hash, the index, the publish, the closes), and verifies a value over hal
 a worker process, a round trip of about 2 ms. For 1 MB that was a third of the time the work
 itself takes. A value the encoder gave whole (up to ``MEDIUM_BYTES``) goes through the same
 steps in the same order, with the same checks, in one worker-thread call (:func:`_store_here`):
-hash the pieces (an entry already live under that digest, intact on disk and valid, is
-renewed instead of written again), create the temp file, write every piece (looping on short
-writes), hand its fsync to a syncer thread, read it back by name, decode it against the
-schema (GC paused) in a helper while this thread checks its keyed digest, wait for the fsync,
-then publish it (rename, directory fsync, row). The read-back sees the bytes written whether
+create the temp file and write every piece (looping on short writes) while a helper hashes
+the pieces and looks for the entry that digest names (one already live, intact on disk and
+valid, is renewed instead, and the file just written dropped), hand its fsync to a syncer
+thread, read it back by name, decode it against the schema (GC paused) in a helper while this
+thread checks its keyed digest, wait for the fsync, then publish it (rename, directory fsync,
+row). The read-back sees the bytes written whether
 or not they are on disk yet, and nothing is published before the fsync and the verification
 both ended. The syncer is started before the decode because msgspec holds the GIL while it
 decodes: a thread asked for the fsync afterwards only began once the decode was over, so the
@@ -41,7 +42,7 @@ from .._canonical import Span
 from .._errors import map_errors
 from .._perf import paused_gc
 from . import _indexes
-from ._aside import let_go
+from ._aside import Aside, let_go
 from ._commit import Publication, publish
 from ._group import publish_grouped
 from ._index import IndexBusy
@@ -49,6 +50,7 @@ from ._oneshot import read_regular, renew_intact, write_fully
 from ._paths import Kind
 from ._stepwise import INDEX_ERRORS, Stepwise, Stored
 from ._temp import Temp, create_temp, digest_pieces, temp_name, write_temp
+from ._tree import tree
 from ._turns import STEPS_SECONDS, cpu_turn, others_storing
 from ._verify import WORKER_VERIFY_BYTES, check_digest_of, checked_decode
 
@@ -96,11 +98,24 @@ def _store_here(
     and valid, is renewed instead of written again. The temp file is discarded if it does
     not verify (``ValueError``) or anything else fails. A value nobody wants is freed here.
     """
-    hex_digest = digest_pieces(key, pieces)  # first: it names the entry that may be live
-    renewed = _renew_here(root, item(hex_digest), pieces, schema, want_value)
+    # The digest names the entry that may be live already: hashing and looking for it run in
+    # a helper while this thread writes the temp file (hashing and writing both let go of
+    # the GIL). A live intact entry is renewed, and the file written meanwhile dropped.
+    with tree(root):  # first: a removed root is made again before a file is created in it
+        ahead = Aside(_digest_and_renew, root, pieces, schema, key, want_value, item)
+        try:
+            temp = write_temp(os.path.join(root, "tmp"), name, pieces)
+        except BaseException:
+            ahead.join()
+            raise
+    try:
+        hex_digest, renewed = ahead.wait()
+    except BaseException:
+        temp.discard(published=False)
+        raise
     if renewed is not None:
+        temp.drop()
         return _Done(None, hex_digest, renewed[0], True)
-    temp = write_temp(os.path.join(root, "tmp"), name, pieces)
     try:
         checked = [_verify_temp(temp, hex_digest, size, schema, key, synced=False)]
         value = checked.pop() if want_value else None
@@ -121,6 +136,15 @@ def _store_here(
         raise
     os.close(temp.dir_fd)  # a directory's fd: nothing to flush
     return _Done(temp, hex_digest, value, reused)
+
+
+def _digest_and_renew(
+    root: str, pieces: Sequence[bytes | memoryview], schema: Any, key: bytes, want_value: bool,
+    item: Callable[[str], Publication],
+) -> tuple[str, tuple[Any] | None]:  # fmt: skip
+    """Blocking: the keyed digest of ``pieces``, and :func:`_renew_here`'s outcome for it."""
+    hex_digest = digest_pieces(key, pieces)
+    return hex_digest, _renew_here(root, item(hex_digest), pieces, schema, want_value)
 
 
 def _renew_here(
