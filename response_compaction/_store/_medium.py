@@ -11,11 +11,10 @@ the pieces and looks for the entry that digest names (one already live, intact o
 valid, is renewed instead, and the file just written dropped), hand its fsync to a syncer
 thread, read it back by name, decode it against the schema (GC paused) in a helper while this
 thread checks its keyed digest, wait for the fsync, then publish it (rename, directory fsync,
-row). The read-back sees the bytes written whether
-or not they are on disk yet, and nothing is published before the fsync and the verification
-both ended. The syncer is started before the decode because msgspec holds the GIL while it
-decodes: a thread asked for the fsync afterwards only began once the decode was over, so the
-two ran one after the other.
+row). The read-back sees the bytes written whether or not they are on disk yet, and nothing
+is published before the fsync and the verification both ended. The syncer is started before
+the decode because msgspec holds the GIL while it decodes: a thread asked for the fsync
+afterwards only began once the decode was over, so the two ran one after the other.
 
 That is for a value stored alone on its event loop: decoding a few MB holds the GIL for a few
 milliseconds, which the caller's loop can spare, and the value a receipt hands back is that
