@@ -53,6 +53,30 @@ def _orphans_are_whole(root: Path) -> None:
         assert digest.hexdigest() == name
 
 
+async def test_a_live_medium_value_compacted_on_a_full_disk_is_still_reused(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """A ~1 MB value already stored, compacted again by a child that can write no file past
+    512 KiB: its temp file's write fails beside the look for the live entry, and the entry
+    renewed meanwhile answers (as when the look came first): no error, nothing left over."""
+    ws = tmp_path / "ws"
+    seed_key(ws)
+    harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+    rows = 16_000  # about 1 MB of canonical JSON: a medium value
+    await compact(harness, big_exact(rows))
+    result = await anyio.run_process(
+        _child("fsize", ws, anyio_backend, 512 << 10, rows), cwd=REPO, check=False
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    assert json.loads(result.stdout) == {"raised": None}
+    root = store_root(ws)
+    assert temp_files(root) == []
+    assert entry_files(root) == index_rows(root) == {hex_of(big_exact(rows))}
+    assert await rc.response_compaction_read_exact(
+        harness, ref_of(big_exact(rows)), Exact
+    ) == rc.Found(value=big_exact(rows))
+
+
 async def test_file_size_limit_fails_cleanly(tmp_path: Path, anyio_backend: str) -> None:
     """Under RLIMIT_FSIZE a child's compaction raises OSError(EFBIG); nothing half-written shows."""
     ws = tmp_path / "ws"

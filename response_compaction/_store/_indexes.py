@@ -225,6 +225,7 @@ def close_all() -> None:
 
     Returns once they are closed, those let go earlier (closed in a helper) included.
     """
+    wait_for_closes()  # a batch of uses being written holds its index: idle once written
     with _lock:
         idle = [key for key, slot in _open.items() if slot.users == 0]
         closing = [_open.pop(key).index for key in idle] + _take_unclosed()

@@ -104,6 +104,13 @@ def _store_here(
         ahead = Aside(_digest_and_renew, root, pieces, schema, key, want_value, item)
         try:
             temp = write_temp(os.path.join(root, "tmp"), name, pieces)
+        except Exception:
+            # A full disk, say: the live entry renewed meanwhile still answers, as it did when
+            # the look came first; what the look raised comes first too.
+            hex_digest, renewed = ahead.wait()
+            if renewed is None:
+                raise
+            return _Done(None, hex_digest, renewed[0], True)
         except BaseException:
             ahead.join()
             raise
