@@ -24,8 +24,8 @@ from response_compaction import _pool, _verifiers
 from response_compaction._canonical import iter_canonical
 from response_compaction._digest import digest_hex
 from response_compaction._store import open_store
-from response_compaction._store._medium import _check_reply
 from response_compaction._store._turns import cpu_turn, next_turn
+from response_compaction._store._verify import check_reply
 from tests._store_support import (
     TEST_KEY,
     canonical,
@@ -166,7 +166,7 @@ async def test_a_worker_hashes_what_it_reads_back_without_a_thread_here(tmp_path
         await anyio.to_thread.run_sync(path.write_bytes, data)  # the worker's open returns
     (reply,) = replies
     assert reply == {"problem": None, "digest": digest_hex(TEST_KEY, data)}
-    _check_reply(reply, digest_hex(TEST_KEY, data))
+    check_reply(reply, digest_hex(TEST_KEY, data))
 
 
 @pytest.mark.parametrize("cut", ["short", "invalid"])
@@ -190,7 +190,7 @@ async def test_a_worker_reports_bytes_read_back_that_are_short_or_invalid(
         assert reply["digest"] == digest_hex(TEST_KEY, bad)
         assert ">= 0" in reply["problem"]
     with pytest.raises(ValueError, match=r"long|>= 0"):
-        _check_reply(reply, digest_hex(TEST_KEY, data))
+        check_reply(reply, digest_hex(TEST_KEY, data))
 
 
 def test_a_digest_that_differs_from_the_writers_wins_over_a_decode_problem() -> None:
@@ -198,12 +198,12 @@ def test_a_digest_that_differs_from_the_writers_wins_over_a_decode_problem() -> 
     ours = digest_hex(TEST_KEY, b'{"a":1}')
     theirs = digest_hex(TEST_KEY, b'{"a":2}')
     with pytest.raises(ValueError, match="do not match their digest"):
-        _check_reply({"problem": None, "digest": theirs}, ours)
+        check_reply({"problem": None, "digest": theirs}, ours)
     with pytest.raises(ValueError, match="do not match their digest"):
-        _check_reply({"problem": "Expected `int`", "digest": theirs}, ours)
+        check_reply({"problem": "Expected `int`", "digest": theirs}, ours)
     with pytest.raises(ValueError, match="Expected `int`"):
-        _check_reply({"problem": "Expected `int`", "digest": ours}, ours)
-    _check_reply({"problem": None, "digest": ours}, ours)
+        check_reply({"problem": "Expected `int`", "digest": ours}, ours)
+    check_reply({"problem": None, "digest": ours}, ours)
 
 
 async def test_many_medium_values_at_once_get_the_writers_digests(

@@ -183,6 +183,50 @@ async def test_a_medium_value_after_its_store_was_removed_makes_it_again(
     assert temp_files(store_root(workspace)) == []
 
 
+_DECODED_ON: list[str] = []
+
+
+class _Tracked(msgspec.Struct, frozen=True):
+    """A schema with code of its own: each decode notes the thread it ran on."""
+
+    rows: list[Row]
+    total: int
+
+    def __post_init__(self) -> None:
+        _DECODED_ON.append(threading.current_thread().name)
+
+
+async def test_code_of_a_schema_never_runs_on_the_librarys_helper_threads(
+    harness: rc.Harness,
+) -> None:
+    """Stored and then renewed, a medium value whose schema has a ``__post_init__`` is decoded
+    on the worker thread that carries the caller's call, never on a helper of the library's
+    (which has no context of the caller's): the look for a live entry follows the write."""
+    value = _Tracked(rows=big_exact(MEDIUM_ROWS).rows, total=MEDIUM_ROWS)
+    opts = {"fallback": FALLBACK, "ladder": "none", "summarize_above_bytes": 32_000}
+    _DECODED_ON.clear()
+    first = await rc.response_compact(harness, value, _Tracked, Summary, opts)
+    again = await rc.response_compact(harness, value, _Tracked, Summary, opts)
+    assert (first.receipt.exact_cache, again.receipt.exact_cache) == ("stored", "reused")
+    assert len(_DECODED_ON) >= 2
+    assert [n for n in _DECODED_ON if n.startswith("response-compaction")] == []
+
+
+async def test_a_medium_value_already_live_is_renewed_without_an_fsync(
+    harness: rc.Harness, workspace: rc.LocalWorkspace
+) -> None:
+    """The file written beside the look for a live entry is discarded unsynced on a hit: the
+    renewal costs no fsync (its index commit does not sync either)."""
+    value = big_exact(MEDIUM_ROWS)
+    await compact(harness, value)
+    recorder = FsyncRecorder()
+    with recorder(os.fsync):
+        again = await compact(harness, value)
+    assert again.receipt.exact_cache == "reused"
+    assert recorder.calls == []
+    assert temp_files(store_root(workspace)) == []
+
+
 class _LaxExact(msgspec.Struct, frozen=True):
     rows: list[Row]
     total: int

@@ -8,7 +8,7 @@ itself takes. A value the encoder gave whole (up to ``MEDIUM_BYTES``) goes throu
 steps in the same order, with the same checks, in one worker-thread call (:func:`_store_here`):
 create the temp file and write every piece (looping on short writes) while a helper hashes
 the pieces and looks for the entry that digest names (one already live, intact on disk and
-valid, is renewed instead, and the file just written dropped), hand its fsync to a syncer
+valid, is renewed instead, and the file just written discarded), hand its fsync to a syncer
 thread, read it back by name, decode it against the schema (GC paused) in a helper while this
 thread checks its keyed digest, wait for the fsync, then publish it (rename, directory fsync,
 row). The read-back sees the bytes written whether or not they are on disk yet, and nothing
@@ -51,7 +51,7 @@ from ._stepwise import INDEX_ERRORS, Stepwise, Stored
 from ._temp import Temp, create_temp, digest_pieces, temp_name, write_temp
 from ._tree import tree
 from ._turns import STEPS_SECONDS, cpu_turn, others_storing
-from ._verify import WORKER_VERIFY_BYTES, check_digest_of, checked_decode
+from ._verify import WORKER_VERIFY_BYTES, check_reply, checked_decode, decodes_plainly
 
 __all__ = ["MEDIUM_BYTES", "Medium"]
 
@@ -60,18 +60,6 @@ __all__ = ["MEDIUM_BYTES", "Medium"]
 MEDIUM_BYTES = 2 << 20
 #: The loop writes a medium value into the page cache this much at a time (see _write_here).
 _WRITE_STEP = 1 << 20
-
-
-def _check_reply(reply: dict[str, Any], hex_digest: str) -> None:
-    """Raise ``ValueError`` unless the worker read back bytes with digest ``hex_digest``.
-
-    Bytes that do not decode too; a length or digest mismatch wins, as in ``checked_decode``.
-    """
-    if reply["digest"] is None:  # not as long as written: never hashed
-        raise ValueError(reply["problem"])
-    check_digest_of(reply["digest"], hex_digest)
-    if reply["problem"] is not None:
-        raise ValueError(reply["problem"])
 
 
 class _Done(NamedTuple):
@@ -97,31 +85,10 @@ def _store_here(
     and valid, is renewed instead of written again. The temp file is discarded if it does
     not verify (``ValueError``) or anything else fails. A value nobody wants is freed here.
     """
-    # The digest names the entry that may be live already: hashing and looking for it run in
-    # a helper while this thread writes the temp file (hashing and writing both let go of
-    # the GIL). A live intact entry is renewed, and the file written meanwhile dropped.
-    with tree(root):  # first: a removed root is made again before a file is created in it
-        ahead = Aside(_digest_and_renew, root, pieces, schema, key, want_value, item)
-        try:
-            temp = write_temp(os.path.join(root, "tmp"), name, pieces)
-        except Exception:
-            # A full disk, say: the live entry renewed meanwhile still answers, as it did when
-            # the look came first; what the look raised comes first too.
-            hex_digest, renewed = ahead.wait()
-            if renewed is None:
-                raise
-            return _Done(None, hex_digest, renewed[0], True)
-        except BaseException:
-            ahead.join()
-            raise
-    try:
-        hex_digest, renewed = ahead.wait()
-    except BaseException:
-        temp.discard(published=False)
-        raise
-    if renewed is not None:
-        temp.drop()
-        return _Done(None, hex_digest, renewed[0], True)
+    written = _written_unless_live(root, name, pieces, schema, key, want_value, item)
+    if isinstance(written, _Done):
+        return written
+    temp, hex_digest = written
     try:
         checked = [_verify_temp(temp, hex_digest, size, schema, key, synced=False)]
         value = checked.pop() if want_value else None
@@ -144,13 +111,64 @@ def _store_here(
     return _Done(temp, hex_digest, value, reused)
 
 
-def _digest_and_renew(
-    root: str, pieces: Sequence[bytes | memoryview], schema: Any, key: bytes, want_value: bool,
-    item: Callable[[str], Publication],
-) -> tuple[str, tuple[Any] | None]:  # fmt: skip
-    """Blocking: the keyed digest of ``pieces``, and :func:`_renew_here`'s outcome for it."""
+def _written_unless_live(
+    root: str, name: str, pieces: Sequence[bytes | memoryview], schema: Any, key: bytes,
+    want_value: bool, item: Callable[[str], Publication],
+) -> _Done | tuple[Temp, str]:  # fmt: skip
+    """Blocking: the temp file written and its fsync begun, with the digest; or the renewal.
+
+    A helper hashes the pieces and looks for the live entry that digest names while this
+    thread writes (both let go of the GIL); for a schema with code of its own it only hashes,
+    and the look follows the write on this thread, with the caller's context, as every decode
+    of such a schema. A hit discards the file before any fsync.
+    """
+
+    def look(hex_digest: str) -> tuple[Any] | None:
+        return _renew_here(root, item(hex_digest), pieces, schema, want_value)
+
+    here = None if decodes_plainly(schema) else look
+    with tree(root):  # first: a removed root is made again before a file is created in it
+        ahead = Aside(_digest_then, key, pieces, look if here is None else None)
+        try:
+            temp = write_temp(os.path.join(root, "tmp"), name, pieces)
+        except Exception:  # a full disk, say: a live entry answers (and its errors) as before
+            hex_digest, renewed = _looked(ahead, here)
+            if renewed is None:
+                raise
+            return _Done(None, hex_digest, renewed[0], True)
+        except BaseException:
+            ahead.join()
+            raise
+    try:
+        hex_digest, renewed = _looked(ahead, here)
+        if renewed is None:
+            temp.start_sync()
+    except BaseException:
+        temp.discard(published=False)
+        raise
+    if renewed is not None:
+        temp.discard(published=False)  # never synced: closed and unlinked at once
+        return _Done(None, hex_digest, renewed[0], True)
+    return temp, hex_digest
+
+
+_Look = Callable[[str], "tuple[Any] | None"]
+
+
+def _digest_then(
+    key: bytes, pieces: Sequence[bytes | memoryview], look: _Look | None
+) -> tuple[str, tuple[Any] | None]:
+    """Blocking: the keyed digest of ``pieces``, and ``look(digest)`` (the renewal) if given."""
     hex_digest = digest_pieces(key, pieces)
-    return hex_digest, _renew_here(root, item(hex_digest), pieces, schema, want_value)
+    return hex_digest, None if look is None else look(hex_digest)
+
+
+def _looked(
+    ahead: Aside[tuple[str, tuple[Any] | None]], here: _Look | None
+) -> tuple[str, tuple[Any] | None]:
+    """``ahead``'s digest and renewal; ``here``: the look made now, on this thread, instead."""
+    hex_digest, renewed = ahead.wait()
+    return hex_digest, renewed if here is None else here(hex_digest)
 
 
 def _renew_here(
@@ -354,7 +372,7 @@ class Medium(Stepwise):
         if reply is _pool.NOT_DONE:
             await self._backend.run(_verify_temp, temp, hex_digest, size, schema, self._key)
         else:
-            _check_reply(reply, hex_digest)
+            check_reply(reply, hex_digest)
         return hex_digest
 
     async def _publish_item(self, item: Publication) -> bool:

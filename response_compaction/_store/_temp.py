@@ -97,25 +97,16 @@ class Temp:
         finally:
             os.close(self.dir_fd)
 
-    def drop(self) -> None:
-        """Blocking: unlink the unpublished file now; its syncer closes its fd when done.
-
-        For a file written for nothing (the value was live already): :meth:`discard` would
-        wait for the fsync the syncer has begun.
-        """
-        try:
-            unlink_quietly(self.name, self.dir_fd)
-        finally:
-            os.close(self.dir_fd)
-
 
 def write_temp(tmp_path: str, name: str, pieces: Sequence[bytes | memoryview]) -> Temp:
-    """Blocking: create ``name`` in ``tmp_path``, write ``pieces`` and start its fsync."""
+    """Blocking: create ``name`` in ``tmp_path`` and write ``pieces``.
+
+    The caller then starts its fsync (:meth:`Temp.start_sync`) or discards it unsynced.
+    """
     temp = create_temp(tmp_path, name)
     try:
         for piece in pieces:
             write_fully(temp.fd, piece)
-        temp.start_sync()
     except BaseException:
         temp.discard(published=False)
         raise

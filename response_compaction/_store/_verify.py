@@ -30,6 +30,7 @@ __all__ = [
     "EntryReport",
     "check_digest",
     "check_entry",
+    "check_reply",
     "check_trusted",
     "checked_decode",
     "decode_beside",
@@ -144,6 +145,18 @@ def decodes_plainly(schema: Any) -> bool:
         if any(hasattr(cls, hook) for hook in ("__post_init__", "__attrs_post_init__")):
             return False
     return True
+
+
+def check_reply(reply: dict[str, Any], hex_digest: str) -> None:
+    """Raise ``ValueError`` unless a pool worker read back bytes with digest ``hex_digest``.
+
+    Bytes that do not decode too; a length or digest mismatch wins, as in ``checked_decode``.
+    """
+    if reply["digest"] is None:  # not as long as written: never hashed
+        raise ValueError(reply["problem"])
+    check_digest_of(reply["digest"], hex_digest)
+    if reply["problem"] is not None:
+        raise ValueError(reply["problem"])
 
 
 def check_digest_of(found_hex: str, hex_digest: str) -> None:
