@@ -35,7 +35,7 @@ from ._nulls import nulls_left_to_schema
 from ._options import resolve_options
 from ._prompt import Head
 from ._refs import MalformedRefError, exact_ref_for, parse_exact_ref
-from ._refusals import first_problem, refused
+from ._refusals import first_problem, is_refusal, refused
 from ._schema import strict_json_schema
 from ._store import Store, Stored, open_store
 from ._store._turns import cpu_turn, next_turn
@@ -189,7 +189,7 @@ async def _store_exact(
             layout=layout,
         )
     except ValueError as exc:
-        if scan_nulls or str(exc).startswith("exact_response "):  # the encoder's own words
+        if scan_nulls or is_refusal(exc):  # the encoder's own words
             raise
         problem = await anyio.to_thread.run_sync(first_problem, value)
         if problem is None:

@@ -36,7 +36,7 @@ import msgspec
 
 from ._compact import response_compact
 from ._options import resolve_options
-from ._refusals import decoded_or_text
+from ._refusals import decoded_or_text, is_refusal
 from .mcp import _import_mcp, create_server
 
 __all__ = ["ProxyConfig", "compact_tool_result", "open_proxy", "serve_proxy"]
@@ -134,7 +134,7 @@ async def _compacted(
 
 def _refusal(exc: Exception) -> bool:
     """Whether ``exc`` says the value itself cannot be retained (not how it is compacted)."""
-    return isinstance(exc, RecursionError) or str(exc).startswith("exact_response ")
+    return isinstance(exc, RecursionError) or is_refusal(exc)
 
 
 def _retained(texts: list[str], structured: Any, *, parse: bool) -> Any:

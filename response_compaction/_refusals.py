@@ -25,6 +25,7 @@ __all__ = [
     "decoded_or_text",
     "duplicate_key_path",
     "first_problem",
+    "is_refusal",
     "keys_may_merge",
     "merged_key_path",
     "refused",
@@ -237,6 +238,14 @@ def merged_key_path(typed: Any, untyped: Any) -> str | None:
                 (v, p, f"{path}[{i}]") for i, (v, p) in enumerate(zip(value, plain, strict=False))
             )
     return None
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` refuses the exact value itself (not a summary schema or a fallback).
+
+    Every such message of the library's starts with ``exact_response``.
+    """
+    return isinstance(exc, ValueError) and str(exc).startswith("exact_response ")
 
 
 def refused(problem: str) -> ValueError:
