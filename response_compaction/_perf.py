@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from collections.abc import Iterator
 
@@ -12,6 +13,19 @@ __all__ = ["paused_gc"]
 _lock = threading.Lock()
 _pauses = 0
 _was_enabled = False
+
+
+def _forget_pauses_in_child() -> None:
+    """A forked child has none of the threads that paused: their pause ends with the fork."""
+    global _lock, _pauses
+    _lock = threading.Lock()  # it may have been held by a thread that does not exist here
+    if _pauses:
+        _pauses = 0
+        if _was_enabled:
+            gc.enable()
+
+
+os.register_at_fork(after_in_child=_forget_pauses_in_child)
 
 
 @contextlib.contextmanager

@@ -85,6 +85,10 @@ class _Witness:
         self.now = 0.0
         self._written = 0.0
 
+    def forked(self) -> None:
+        """In a forked child: the lock may have been held by a thread that does not exist here."""
+        self._lock = threading.Lock()
+
     def saw_expired(self, now: float) -> None:
         with self._lock:
             self.now = max(self.now, now)
@@ -102,6 +106,14 @@ class _Witness:
 
 
 _witnesses: dict[str, _Witness] = {}
+
+
+def _new_witness_locks_in_child() -> None:
+    for witness in _witnesses.values():
+        witness.forked()
+
+
+os.register_at_fork(after_in_child=_new_witness_locks_in_child)
 
 
 class Index:
@@ -258,9 +270,14 @@ class Index:
         """
         if self.read_only:
             return
-        if len(self._pending) >= _MAX_PENDING_USES:
-            self._pending.pop(next(iter(self._pending)))
-        self._pending[(kind, key)] = max(now, self._pending.get((kind, key), now))
+        # One reference: a writer's _flush_uses may swap in an empty dict between two reads
+        # of the attribute (next(iter({})) raised StopIteration); a use noted in the old one
+        # is then lost, as a use noted during its flush is.
+        pending = self._pending
+        if len(pending) >= _MAX_PENDING_USES:
+            with contextlib.suppress(StopIteration, RuntimeError, KeyError):  # another reader's
+                pending.pop(next(iter(pending)))
+        pending[(kind, key)] = max(now, pending.get((kind, key), now))
         # Batched: a commit (and its WAL fsync) per read cost ten times the read itself. Uses
         # go out with this process's next write, or here at most every USE_FLUSH_SECONDS, in
         # a commit that does not sync the WAL: a read more than a second after the last one

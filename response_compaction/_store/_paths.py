@@ -169,6 +169,14 @@ _swept: set[tuple[int, str]] = set()
 _swept_lock = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    global _swept_lock
+    _swept_lock = threading.Lock()  # it may have been held by a thread that does not exist here
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def check_ancestors(base: str) -> None:
     """Refuse a workspace another user could redirect (raise :class:`UnsafeStoreError`).
 

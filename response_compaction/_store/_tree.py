@@ -155,6 +155,14 @@ _trees: collections.OrderedDict[tuple[int, str], Tree] = collections.OrderedDict
 _lock = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # it may have been held by a thread that does not exist here
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 @contextlib.contextmanager
 def tree(root: str, *, remake: bool = True) -> Iterator[Tree]:
     """The checked tree of ``root`` for one blocking operation (made again if removed)."""
