@@ -32,7 +32,6 @@ from __future__ import annotations
 import bisect
 import collections
 import itertools
-import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import msgspec
 from msgspec import Raw
 
 from ._canonical import Span
+from ._forks import new_lock_in_child
 from ._slices import _tiles
 
 __all__ = [
@@ -61,14 +61,7 @@ _Where = tuple[str, str | None, int, int, tuple[tuple[int, int], ...]]
 _COUNTS: collections.OrderedDict[_Where, tuple[int, ...]] = collections.OrderedDict()
 _COUNTS_LOCK = threading.Lock()
 _COUNTS_KEPT = 64
-
-
-def _new_lock_in_child() -> None:
-    global _COUNTS_LOCK
-    _COUNTS_LOCK = threading.Lock()  # it may have been held by a thread that does not exist here
-
-
-os.register_at_fork(after_in_child=_new_lock_in_child)
+new_lock_in_child(globals(), "_COUNTS_LOCK")
 
 
 class LayoutMismatchError(msgspec.DecodeError):

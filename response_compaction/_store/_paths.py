@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from .._errors import UnsafeStoreError
+from .._forks import new_lock_in_child
 
 __all__ = [
     "FILE_FLAGS",
@@ -167,14 +168,7 @@ def make_dirs(path: str) -> None:
 
 _swept: set[tuple[int, str]] = set()
 _swept_lock = threading.Lock()
-
-
-def _new_lock_in_child() -> None:
-    global _swept_lock
-    _swept_lock = threading.Lock()  # it may have been held by a thread that does not exist here
-
-
-os.register_at_fork(after_in_child=_new_lock_in_child)
+new_lock_in_child(globals(), "_swept_lock")
 
 
 def check_ancestors(base: str) -> None:

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterator
 
 from .._errors import UnsafeStoreError
+from .._forks import new_lock_in_child
 from ._paths import (
     _DIR_FLAGS,
     _FANOUT,
@@ -153,14 +154,7 @@ def _open_all(root: str) -> dict[str, int]:
 # One tree per process and root; insertion order is recency.
 _trees: collections.OrderedDict[tuple[int, str], Tree] = collections.OrderedDict()
 _lock = threading.Lock()
-
-
-def _new_lock_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # it may have been held by a thread that does not exist here
-
-
-os.register_at_fork(after_in_child=_new_lock_in_child)
+new_lock_in_child(globals(), "_lock")
 
 
 @contextlib.contextmanager
