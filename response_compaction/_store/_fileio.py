@@ -8,6 +8,7 @@ written once against :class:`FileBackend`.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import functools
 from collections.abc import Awaitable, Callable
@@ -105,7 +106,10 @@ class AiofilesBackend:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         import aiofiles.os
 
-        wrapped = aiofiles.os.wrap(functools.partial(fn, *args))
+        # In a copy of the caller's context, as anyio's worker threads run a call: a schema's
+        # own code decoding there sees the caller's context variables on either loop.
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        wrapped = aiofiles.os.wrap(call)
         result: T = await _run_to_completion(wrapped)
         return result
 
