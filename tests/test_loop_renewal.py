@@ -104,7 +104,7 @@ async def test_a_hit_with_many_uses_waiting_leaves_them_to_a_worker(harness: rc.
     await compact(harness, A)
     with open_index(harness) as (_, index):
         for i in range(40):
-            index.record_use("exact", f"{i:064x}", 1.0, flush=False)
+            index.record_use("exact", f"{i:064x}", 1.0)
         with loop_statements(harness) as on_loop:
             assert (await compact(harness, A)).receipt.exact_cache == "reused"
         assert "COMMIT" not in on_loop

@@ -261,12 +261,12 @@ class Index:
             tx.touch(kind, key, when)
         return witnessed
 
-    def record_use(self, kind: Kind, key: str, now: float, *, flush: bool = True) -> None:
-        """Count a read as a use, best-effort: never waits for the write lock, never raises.
+    def record_use(self, kind: Kind, key: str, now: float) -> None:
+        """Note a read as a use, best-effort: never waits, never writes, never raises.
 
-        A use that cannot be written now is kept and written by this process's next write;
-        losing some only changes which entry the LRU bound evicts first. ``flush=False`` only
-        notes it (reads hand a due batch to a helper: ``_indexes.flush_uses_beside``).
+        The uses noted go out with this process's next write, or in a batch at most every
+        ``USE_FLUSH_SECONDS`` (``_indexes.note_use``); losing some only changes which entry
+        the LRU bound evicts first.
         """
         if self.read_only:
             return
@@ -278,14 +278,6 @@ class Index:
             with contextlib.suppress(StopIteration, RuntimeError, KeyError):  # another reader's
                 pending.pop(next(iter(pending)))
         pending[(kind, key)] = max(now, pending.get((kind, key), now))
-        # Batched: a commit (and its WAL fsync) per read cost ten times the read itself. Uses
-        # go out with this process's next write, or here at most every USE_FLUSH_SECONDS, in
-        # a commit that does not sync the WAL: a read more than a second after the last one
-        # waited for that fsync (1 MB of short strings read 1.05 s apart: 7.1 ms, and 4.9 ms
-        # without it). A crash may lose them, which only changes the eviction order; the
-        # next durable commit of any connection syncs them too.
-        if flush and self.take_flush():
-            self.flush_uses(now)
 
     def take_flush(self) -> bool:
         """Whether a batch of uses is due now; if so the next one is due an interval later.

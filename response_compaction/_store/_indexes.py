@@ -21,14 +21,14 @@ import threading
 
 from ._aside import Aside
 from ._index import Index
-from ._paths import PROCESS
+from ._paths import PROCESS, Kind
 
 __all__ = [
     "MAX_IDLE_INDEXES",
     "acquire",
     "acquire_now",
     "close_all",
-    "flush_uses_beside",
+    "note_use",
     "release",
     "wait_for_closes",
 ]
@@ -156,15 +156,20 @@ def release(index: Index, *, close_idle: bool = True) -> None:
     _close(closing)
 
 
-def flush_uses_beside(index: Index, now: float) -> None:
-    """Write the uses ``index`` noted, if a batch is due, in a helper thread (any caller).
+def note_use(index: Index, kind: Kind, key: str, now: float) -> None:
+    """A read's use of ``key`` noted; a batch of uses that is due is written in a helper.
 
-    For reads, which hold ``index``: the batch due once a second was a write transaction and
-    a commit on the read's own path (1 MB of short strings read 1.05 s apart: 4.5 ms against
-    a 3.8 ms floor; read back to back, 3.7-4.4 ms). The helper holds the index until it
-    is done; :func:`close_all` waits for it. Nothing here waits: with the table's lock busy
-    this instant the uses are left for the next write, as a busy write lock leaves them.
+    Batched: a commit (and its WAL fsync) per read cost ten times the read itself. The batch
+    due once a second is written in a commit that does not sync the WAL (a crash may lose it,
+    which only changes the eviction order; the next durable commit of any connection syncs
+    it too), and off the read's path: on it, it was a write transaction and a commit (1 MB of
+    short strings read 1.05 s apart: 4.5 ms against a 3.8 ms floor; read back to back,
+    3.7-4.4 ms). For a read holding ``index``, on any thread: the helper holds the index
+    until it is done; :func:`close_all` waits for it. Nothing here waits: with the table's
+    lock busy this instant the uses are left for the next write, as a busy write lock
+    leaves them.
     """
+    index.record_use(kind, key, now)
     if not index.take_flush() or not _lock.acquire(blocking=False):
         return
     try:

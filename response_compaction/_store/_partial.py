@@ -107,8 +107,7 @@ async def get_checked(
             return Broken(detail=f"{kind} entry does not verify: {result}")
         if not isinstance(result, (Missing, Broken)):
             # Best-effort, like any read: a held lock must not turn a found part into an error.
-            index.record_use(kind, key, now, flush=False)
-            _indexes.flush_uses_beside(index, now)  # a due batch: by a helper, not a hop
+            _indexes.note_use(index, kind, key, now)  # a due batch: by a helper, not a hop
     return result
 
 

@@ -101,8 +101,7 @@ def _read_checked(
             # Off the loop, GC paused. A schema with code of its own (validators, hooks) is
             # decoded by the caller, on the caller's thread, as it always was.
             decoded = decode_outcome(data, schema)
-        index.record_use(kind, key, now, flush=False)
-        _indexes.flush_uses_beside(index, now)  # a due batch is written off this read's path
+        _indexes.note_use(index, kind, key, now)  # a due batch is written off this read's path
     finally:
         _indexes.release(index)
     return Read(row, data, decoded)
@@ -125,14 +124,13 @@ def _read_untrusted(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes | str
 def record_read(root: str, kind: Kind, key: str, now: float) -> None:
     """On the event loop thread: the use of an entry read unchecked, once it checked.
 
-    Best-effort, as every read's: never a wait or a commit here (see ``Index.record_use``).
+    Best-effort, as every read's: never a wait or a commit here (see ``_indexes.note_use``).
     """
     index = _indexes.acquire_now(root)
     if index is None:
         return
     try:
-        index.record_use(kind, key, now, flush=False)
-        _indexes.flush_uses_beside(index, now)
+        _indexes.note_use(index, kind, key, now)
     finally:
         _indexes.release(index, close_idle=False)
 
@@ -192,8 +190,7 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
             problem = _problem(data, kind, key, row.digest, secret)
             if problem is not None:
                 return problem
-            index.record_use(kind, key, now, flush=False)
-            _indexes.flush_uses_beside(index, now)  # a due batch: by a helper, off the loop
+            _indexes.note_use(index, kind, key, now)  # a due batch: by a helper, off the loop
     finally:
         _indexes.release(index, close_idle=False)
     return data if data is None or isinstance(data, str) else Read(row, data)

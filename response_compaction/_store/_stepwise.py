@@ -233,8 +233,8 @@ class Stepwise:
             except ValueError as exc:
                 return Broken(detail=f"{kind} entry does not verify: {exc}")
             # Best-effort and without waiting: a held lock, a full disk or a read-only mount
-            # must not turn an intact entry into an error.
-            await self._backend.run(index.record_use, kind, key, now)
+            # must not turn an intact entry into an error (a due batch: by a helper).
+            _indexes.note_use(index, kind, key, now)
         return Found(value=value)
 
     async def _live_row(
