@@ -114,11 +114,25 @@ def loop_statements(harness: rc.Harness) -> Iterator[list[str]]:
         if threading.get_ident() == loop_thread:
             on_loop.append(statement)
 
-    with open_index(harness) as (_, index):
+    with open_index(harness) as (_, index), traced(index, trace):
+        yield on_loop
+
+
+@contextmanager
+def traced(index: _index.Index, trace: Callable[[str], object]) -> Iterator[None]:
+    """``trace`` called with each statement of the index's write connection, while inside.
+
+    Set and cleared holding the index's write lock, so that no statement runs meanwhile:
+    ``set_trace_callback`` waits for SQLite's connection mutex holding the GIL, and a helper
+    thread's statement holds that mutex while its trace call waits for the GIL (a deadlock
+    that hung CI when a batch of uses was being written as a test cleared its trace).
+    """
+    with index._lock:
         index._conn.set_trace_callback(trace)
-        try:
-            yield on_loop
-        finally:
+    try:
+        yield
+    finally:
+        with index._lock:
             index._conn.set_trace_callback(None)
 
 

@@ -26,6 +26,7 @@ from tests._store_support import (
     open_index,
     ref_of,
     store_root,
+    traced,
 )
 from tests.conftest import FakeClock
 from tests.schemas import Exact, Row
@@ -134,9 +135,8 @@ async def test_a_renewal_on_the_loop_never_waits_for_another_process(
         statements: list[str] = []
         with contextlib.closing(sqlite3.connect(root / "index.sqlite3", timeout=0)) as other:
             other.execute("BEGIN IMMEDIATE")
-            index._conn.set_trace_callback(statements.append)
-            renewed = _commit.renew_on_loop(index, "exact", hex_of(A), row, clock(), 100)
-            index._conn.set_trace_callback(None)
+            with traced(index, statements.append):
+                renewed = _commit.renew_on_loop(index, "exact", hex_of(A), row, clock(), 100)
             other.execute("ROLLBACK")
         assert renewed is None
         # SQLite's busy handler was off (no timing in a test: what it was asked to do).

@@ -33,6 +33,7 @@ from tests._store_support import (
     ref_of,
     store_root,
     temp_files,
+    traced,
     with_backend,
 )
 from tests.conftest import FakeClock
@@ -299,11 +300,8 @@ async def test_a_renewal_is_not_synced_and_later_commits_are(harness: rc.Harness
     await compact(harness, A)
     statements: list[str] = []
     with open_index(harness) as (_, index):
-        try:
-            index._conn.set_trace_callback(statements.append)
+        with traced(index, statements.append):
             again = await compact(harness, A)
-        finally:
-            index._conn.set_trace_callback(None)
         assert again.receipt.exact_cache == "reused"
         normal = statements.index("PRAGMA synchronous=NORMAL")
         assert statements.index("COMMIT", normal) < statements.index("PRAGMA synchronous=FULL")
