@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import response_compaction as rc
-from response_compaction._store import _commit
+from response_compaction._store import _commit, _indexes
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -22,6 +23,15 @@ def _fresh_naming_state(monkeypatch: pytest.MonkeyPatch) -> None:
     (``_commit``), so a renewal syncs instead of committing on the loop: one test's injected
     failure must not change what the tests after it see (it did, by order, before this)."""
     monkeypatch.setattr(_commit, "_naming_failed", [False])
+
+
+@pytest.fixture(autouse=True)
+def _helpers_done() -> Iterator[None]:
+    """A test's batches of uses (written by a helper thread, holding ``_indexes``' lock for a
+    moment) end with it: one running into the next test could send that test's small reads
+    off the event loop, which some tests assert they never leave."""
+    yield
+    _indexes.wait_for_closes()
 
 
 class FakeClock:

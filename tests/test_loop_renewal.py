@@ -36,7 +36,7 @@ B = Exact(rows=[Row(id=2, name="beta")], total=1)
 
 
 def _settings(harness: rc.Harness) -> tuple[object, ...]:
-    with open_index(harness) as (_, index):
+    with open_index(harness) as (_, index), index._lock:  # not inside a helper's batch
         return tuple(
             index._conn.execute(f"PRAGMA {name}").fetchone()[0]
             for name in ("synchronous", "busy_timeout", "wal_autocheckpoint")

@@ -15,7 +15,14 @@ import pytest
 import response_compaction as rc
 from response_compaction._store import _indexes
 from response_compaction._store._paths import open_dir
-from tests._store_support import FaultyBackend, compact, entry_path, open_index, store_root
+from tests._store_support import (
+    FaultyBackend,
+    compact,
+    entry_path,
+    open_index,
+    store_root,
+    traced,
+)
 from tests.schemas import Exact, Row
 
 pytestmark = pytest.mark.anyio
@@ -221,18 +228,14 @@ async def test_uses_written_by_a_read_do_not_sync_and_the_next_store_does(
         if statement == "COMMIT":
             threads.add(threading.current_thread().name)
 
-    with open_index(harness) as (_, index):
-        index._conn.set_trace_callback(trace)
-        try:
-            for _ in range(3):  # the first batch is due at once
-                assert await rc.response_compaction_read_exact(harness, ref, Exact) == rc.Found(
-                    value=value
-                )
-            _indexes.wait_for_closes()  # the helper's batch, written by now
-            reads = len(statements)
-            await compact(harness, Exact(rows=[Row(id=2, name="beta")], total=1))
-        finally:
-            index._conn.set_trace_callback(None)
+    with open_index(harness) as (_, index), traced(index, trace):
+        for _ in range(3):  # the first batch is due at once
+            assert await rc.response_compaction_read_exact(harness, ref, Exact) == rc.Found(
+                value=value
+            )
+        _indexes.wait_for_closes()  # the helper's batch, written by now
+        reads = len(statements)
+        await compact(harness, Exact(rows=[Row(id=2, name="beta")], total=1))
     assert "COMMIT" in statements[:reads]
     assert _commit_modes(statements[:reads]) == {"NORMAL"}
     assert _commit_modes(statements[reads:]) == {"FULL"}
