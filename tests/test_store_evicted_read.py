@@ -9,8 +9,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 import pytest
 
@@ -28,20 +26,22 @@ def removed_before_fstat(path: Path) -> Iterator[list[str]]:
     ``fstat`` it: what another process's eviction does in that instant. Yields the threads
     in which it happened."""
     done: list[str] = []
+    real_fstat = os.fstat
 
-    def hook(frame: FrameType, event: str, arg: Any) -> None:
-        opening = frame.f_code is _paths.open_regular.__code__
-        if event == "c_call" and arg is os.fstat and opening and not done and path.exists():
+    def fstat(fd: int) -> os.stat_result:
+        # Replaced for every thread at once: a profile hook (threading.setprofile) reaches
+        # only threads started after it, not a worker thread that already exists.
+        opening = sys._getframe(1).f_code is _paths.open_regular.__code__
+        if opening and not done and path.exists():
             done.append(threading.current_thread().name)
             path.unlink()
+        return real_fstat(fd)
 
-    sys.setprofile(hook)
-    threading.setprofile(hook)
+    os.fstat = fstat
     try:
         yield done
     finally:
-        threading.setprofile(None)
-        sys.setprofile(None)
+        os.fstat = real_fstat
 
 
 def test_a_file_removed_while_it_is_opened_is_gone_not_foreign(tmp_path: Path) -> None:
