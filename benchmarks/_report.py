@@ -217,7 +217,7 @@ def targets(suite: Suite) -> list[Target]:
                             "; ".join(figures), ok, conc[0].section))  # fmt: skip
     cold = [r for r in suite.results if r.op == _extra.WARM]
     if cold:
-        figures = [f"{r.loop} +{r.notes['first_minus_second_ms']:.0f} ms (median of "
+        figures = [f"{r.loop} {r.notes['first_minus_second_ms']:+.0f} ms (median of "
                    f"{r.notes['first_minus_second_each_ms']})" for r in cold]  # fmt: skip
         ok = all(r.notes["first_minus_second_ms"] <= 100 for r in cold)
         found.append(Target("first large compaction of a fresh process <= second + 100 ms",
