@@ -341,6 +341,8 @@ async def _full(run: _Run, pv: ProfiledValue, deadline: float) -> FallbackReason
         map_until = anyio.current_time() + (deadline - anyio.current_time()) * MAP_SHARE
         with anyio.move_on_after(max(0.0, map_until - anyio.current_time())):
             await _map(run, pv, route, planned, parts)
+        if not parts and run.result.attempts:  # why nothing arrived: a cut share is "timeout"
+            reason = _reason(run.result.attempts[-1].outcome)
         if not parts or run.calls >= run.options.max_model_calls:
             continue
         done = [parts[i] for i in sorted(parts)]

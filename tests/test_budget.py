@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import msgspec
 import openai
 import pytest
 
@@ -187,3 +188,20 @@ async def test_full_coverage_reduces_what_arrived_when_the_map_runs_out_of_time(
     assert outcomes[-1] == ("reduce", "ok")
     reduces = [b for b in server.bodies("m") if "in no part summary" in user_prompt(b)]
     assert len(reduces) == 1
+
+
+async def test_the_maps_share_ends_with_every_map_call_hung_and_nothing_counts_as_covered(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, loop_clock: LoopClock, calls: Calls
+) -> None:
+    """Every map call hung: the map's share of the budget (70% of 300 s) ends them, nothing
+    arrived to reduce: the fallback says "timeout" and reports no covered bytes (nothing was
+    summarized)."""
+    server.script("a", Hang())
+    async with harness_for(workspace, server, ["a"]) as harness:
+        compacted = await jump_when_hung(
+            harness, server, loop_clock, calls, 211.0, coverage="full", timeout_ms=300_000
+        )
+    assert compacted.output == rc.FallbackOutput(value=FALLBACK)
+    assert compacted.receipt.covered_bytes is msgspec.UNSET
+    assert compacted.receipt.fallback_reason == "timeout"
+    assert {a.outcome for a in attempts(compacted.receipt)} == {"timeout"}
