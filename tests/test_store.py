@@ -491,6 +491,20 @@ async def test_symlinked_fanout_is_never_followed_by_reads(
     assert snapshot(outside) == before
 
 
+async def test_a_value_compacted_again_behind_a_symlinked_fanout_is_never_reused(
+    harness: rc.Harness, outside: Path
+) -> None:
+    """A stored value compacted again (a hit, renewed on the loop when it can be) after its
+    fan-out dir was swapped for a symlink to a valid copy raises, never says "reused"."""
+    await compact(harness, A)
+    assert (await compact(harness, A)).receipt.exact_cache == "reused"  # a hit, as a rule
+    _symlink_fanout(store_root(harness.fs), hex_of(A), outside)
+    before = snapshot(outside)
+    with pytest.raises(rc.UnsafeStoreError):
+        await compact(harness, A)
+    assert snapshot(outside) == before
+
+
 def _symlink_entry(root: Path, hex_digest: str, outside: Path) -> None:
     path = entry_path(root, hex_digest)
     copy = outside / "copy"
