@@ -283,8 +283,8 @@ class _Stream:
                 return
             in_order = in_order and _ascending(keys[-1:] + run[:1]) and _ascending(run)
             keys += run
-            if len(keys) < len(mapping):
-                yield self.emit(b"")
+            if len(keys) < len(mapping) or len(keys) >= _KEY_RUN // 4:
+                yield self.emit(b"")  # the encoding too is a step apart (62k keys: 4 + 7 ms)
         # Whole up to the same size as an array: building a dict per slice cost more than
         # encoding the dict (10.9 against 3.3 ms for 62k keys, a third of a 10 MB value's
         # encode). Left whole, it is decoded with the rest of its document on reads (its
