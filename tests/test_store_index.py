@@ -145,6 +145,47 @@ def test_an_error_after_sqlite_rolled_back_on_its_own_is_the_error_raised(tmp_pa
         _indexes.close_all()
 
 
+def test_a_setting_a_failed_set_back_left_changed_is_set_back_by_the_next_transaction(
+    tmp_path: Path,
+) -> None:
+    """A setting that could not be set back (say an interrupt between statements) is not kept.
+
+    Without that, the next durable, waiting transaction would run with ``busy_timeout = 0``.
+    """
+    index = _indexes.acquire(prepare_root(str(tmp_path / "ws")))
+    refused: list[str] = []
+
+    def refuse_busy_timeout(action: int, name: str | None, value: str | None, *_: object) -> int:
+        if action == sqlite3.SQLITE_PRAGMA and name == "busy_timeout" and value and value != "0":
+            refused.append(value)
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    def settings() -> tuple[object, ...]:
+        with index._lock:
+            return tuple(
+                index._conn.execute(f"PRAGMA {name}").fetchone()[0]
+                for name in ("synchronous", "busy_timeout", "wal_autocheckpoint")
+            )
+
+    try:
+        settled = settings()
+        with index._lock:
+            index._conn.set_authorizer(refuse_busy_timeout)
+        with pytest.raises(sqlite3.DatabaseError), index.transaction(durable=False, wait=False):
+            pass
+        with index._lock:
+            index._conn.set_authorizer(None)
+        assert refused  # the set-back did fail, after synchronous was set back
+        assert settings() != settled
+        with index.transaction() as tx:  # changes no setting itself
+            assert tx.keys("exact") == set()
+        assert settings() == settled
+    finally:
+        _indexes.release(index)
+        _indexes.close_all()
+
+
 def test_a_writers_lookup_while_the_write_lock_is_held_reads_the_committed_row(
     tmp_path: Path,
 ) -> None:
