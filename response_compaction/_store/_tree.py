@@ -54,15 +54,13 @@ class Tree:
 
     __slots__ = ("_subs", "euid", "fds", "ids", "root", "stale", "users")
 
-    def __init__(self, root: str, *, remake: bool) -> None:
+    def __init__(self, root: str) -> None:
         self.root = root
         self.users = 0
         self.stale = False
         try:
             self.fds = _open_all(root)
-        except FileNotFoundError:
-            if not remake:
-                raise
+        except FileNotFoundError:  # the root or a directory was removed: made again
             prepare_root(os.path.dirname(root))
             self.fds = _open_all(root)
         self.ids = {name: _ident(os.fstat(fd)) for name, fd in self.fds.items()}
@@ -158,9 +156,9 @@ new_lock_in_child(globals(), "_lock")
 
 
 @contextlib.contextmanager
-def tree(root: str, *, remake: bool = True) -> Iterator[Tree]:
+def tree(root: str) -> Iterator[Tree]:
     """The checked tree of ``root`` for one blocking operation (made again if removed)."""
-    held = _acquire(root, remake=remake, wait=True)
+    held = _acquire(root, wait=True)
     assert held is not None  # noqa: S101 - wait=True never gives up
     try:
         yield held
@@ -174,10 +172,9 @@ def tree_now(root: str, kind: Kind) -> Tree | None:
     For a read of ``kind``. None means "take a worker thread"; pair a tree with
     :func:`release_now`.
     """
-    try:
-        return _acquire(root, remake=False, wait=False, kind=kind)
-    except FileNotFoundError:
-        return None
+    # Never opens a tree, so never remakes a removed root: a missing directory is "not
+    # current" (Tree.current), which is None here.
+    return _acquire(root, wait=False, kind=kind)
 
 
 def release_now(held: Tree) -> None:
@@ -185,7 +182,7 @@ def release_now(held: Tree) -> None:
     _release(held)
 
 
-def _acquire(root: str, *, remake: bool, wait: bool, kind: Kind | None = None) -> Tree | None:
+def _acquire(root: str, *, wait: bool, kind: Kind | None = None) -> Tree | None:
     key = (PROCESS.pid, root)
     for _ in range(3):
         if not _lock.acquire(blocking=wait):
@@ -195,7 +192,7 @@ def _acquire(root: str, *, remake: bool, wait: bool, kind: Kind | None = None) -
             if held is None:
                 if not wait:
                     return None  # opening is a dozen syscalls and may remake: a worker's job
-                held = _trees[key] = Tree(root, remake=remake)
+                held = _trees[key] = Tree(root)
             _trees.move_to_end(key)
             held.users += 1
         finally:
@@ -246,7 +243,7 @@ class Dirs:
         self.root = root
 
     def __enter__(self) -> Dirs:
-        held = _acquire(self.root, remake=True, wait=True)
+        held = _acquire(self.root, wait=True)
         assert held is not None  # noqa: S101 - wait=True never gives up
         self._tree = held
         self.root_fd = held.root_fd
