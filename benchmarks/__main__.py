@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks import _budget, _extra, _part
 from benchmarks._base import Plan
-from benchmarks._machine import library_source, machine, versions
+from benchmarks._machine import compile_library, library_source, machine, versions
 from benchmarks._report import CAVEATS, render, targets
 from benchmarks._run import Suite
 from benchmarks.workloads import SHAPES
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(root),
         "versions": versions(),
         "library": library_source() + (f"; {args.note}" if args.note else ""),
+        "bytecode": compile_library(),  # before any fresh process is timed
         "caveats": list(CAVEATS),
         "loadavg_start": os.getloadavg(),
     }

@@ -310,7 +310,7 @@ def render(suite: Suite, meta: dict[str, Any], goals: list[Target]) -> str:
         f" mounted at {mount.get('mount', '?')} ({same});"
         f" rotational={mount.get('rotational', '?')}; 4 KB write+fsync {m['fsync_4k_ms']} ms",
         "versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-        f"library measured: {meta['library']}",
+        f"library measured: {meta['library']}; bytecode {meta.get('bytecode', '?')}",
         "load average (1 min) at start {:.2f}, at end {:.2f} on {} cores: other processes"
         " shared the machine when above ~0.5".format(
             meta["loadavg_start"][0], meta["loadavg_end"][0], m["cores"]
