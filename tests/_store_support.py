@@ -104,6 +104,15 @@ def open_index(harness: rc.Harness) -> Iterator[tuple[Path, _index.Index]]:
         _indexes.release(index)
 
 
+def index_settings(index: _index.Index) -> tuple[object, ...]:
+    """The settings a transaction may change: synchronous, busy_timeout, wal_autocheckpoint."""
+    with index._lock:  # not inside a helper's batch
+        return tuple(
+            index._conn.execute(f"PRAGMA {name}").fetchone()[0]
+            for name in ("synchronous", "busy_timeout", "wal_autocheckpoint")
+        )
+
+
 @contextmanager
 def loop_statements(harness: rc.Harness) -> Iterator[list[str]]:
     """The statements the index's write connection runs on this (the event loop's) thread."""

@@ -22,6 +22,7 @@ from tests._store_support import (
     compact,
     entry_path,
     hex_of,
+    index_settings,
     loop_statements,
     open_index,
     ref_of,
@@ -36,11 +37,8 @@ B = Exact(rows=[Row(id=2, name="beta")], total=1)
 
 
 def _settings(harness: rc.Harness) -> tuple[object, ...]:
-    with open_index(harness) as (_, index), index._lock:  # not inside a helper's batch
-        return tuple(
-            index._conn.execute(f"PRAGMA {name}").fetchone()[0]
-            for name in ("synchronous", "busy_timeout", "wal_autocheckpoint")
-        )
+    with open_index(harness) as (_, index):
+        return index_settings(index)
 
 
 def _checkpoint_as_another_process(root: Path, mode: str) -> None:

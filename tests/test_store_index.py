@@ -19,7 +19,7 @@ from response_compaction._errors import map_errors
 from response_compaction._store import ROOT_NAME, _index, _indexes, open_store
 from response_compaction._store._paths import prepare_root
 from response_compaction._store._tx import LOOKUP
-from tests._store_support import hex_of
+from tests._store_support import hex_of, index_settings
 from tests.conftest import FakeClock
 from tests.schemas import FALLBACK, Exact, Row, Summary
 
@@ -161,15 +161,8 @@ def test_a_setting_a_failed_set_back_left_changed_is_set_back_by_the_next_transa
             return sqlite3.SQLITE_DENY
         return sqlite3.SQLITE_OK
 
-    def settings() -> tuple[object, ...]:
-        with index._lock:
-            return tuple(
-                index._conn.execute(f"PRAGMA {name}").fetchone()[0]
-                for name in ("synchronous", "busy_timeout", "wal_autocheckpoint")
-            )
-
     try:
-        settled = settings()
+        settled = index_settings(index)
         with index._lock:
             index._conn.set_authorizer(refuse_busy_timeout)
         with pytest.raises(sqlite3.DatabaseError), index.transaction(durable=False, wait=False):
@@ -177,10 +170,10 @@ def test_a_setting_a_failed_set_back_left_changed_is_set_back_by_the_next_transa
         with index._lock:
             index._conn.set_authorizer(None)
         assert refused  # the set-back did fail, after synchronous was set back
-        assert settings() != settled
+        assert index_settings(index) != settled
         with index.transaction() as tx:  # changes no setting itself
             assert tx.keys("exact") == set()
-        assert settings() == settled
+        assert index_settings(index) == settled
     finally:
         _indexes.release(index)
         _indexes.close_all()
