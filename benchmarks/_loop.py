@@ -3,11 +3,18 @@
 The heartbeat is a task on the same loop as the operation: it sleeps 1 ms, wakes, and records
 the time since it last woke. A gap of 1.1 ms is an idle loop; a gap of 800 ms means something
 held the loop (or the GIL the loop needs) for 800 ms. Works on asyncio and trio through anyio.
+
+To see what froze the loop, set ``RC_BENCH_FREEZE_DUMP=path``: while an operation runs, every
+thread's stack is appended to ``path`` whenever a beat is ``RC_BENCH_FREEZE_MS`` (default 30)
+late. ``faulthandler`` writes it from its own C thread, so a single C call holding the GIL
+(which a Python sampler would wait behind) is caught in the act.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,6 +46,23 @@ class Freeze:
         }
 
 
+def _arm_dump() -> Callable[[], None]:
+    """A re-arm for the freeze dump (a no-op unless ``RC_BENCH_FREEZE_DUMP`` is set)."""
+    path = os.environ.get("RC_BENCH_FREEZE_DUMP")
+    if not path:
+        return lambda: None
+    late = float(os.environ.get("RC_BENCH_FREEZE_MS", "30")) / 1000
+    sink = open(path, "a")  # noqa: SIM115 - kept open for faulthandler's thread, per process
+
+    def arm() -> None:
+        faulthandler.dump_traceback_later(late, file=sink)
+
+    return arm
+
+
+_DUMP_ARM = _arm_dump()
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return math.nan
@@ -49,17 +73,22 @@ def _percentile(values: list[float], q: float) -> float:
 async def with_heartbeat(op: Callable[[], Awaitable[T]]) -> tuple[T, Freeze]:
     """Run ``op`` with a 1 ms heartbeat on the same loop; its result and the loop's gaps."""
     gaps: list[float] = []
+    rearm = _DUMP_ARM
     done = anyio.Event()
     box: list[T] = []
     elapsed = 0.0
 
     async def beat() -> None:
         last = time.perf_counter()
-        while not done.is_set():
-            await anyio.sleep(TICK)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
+        try:
+            while not done.is_set():
+                rearm()
+                await anyio.sleep(TICK)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
     async def run() -> None:
         nonlocal elapsed
