@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import anyio.lowlevel
 import anyio.to_thread
+import msgspec
 from msgspec import UNSET, UnsetType
 
 from ._canonical import Span, iter_canonical
@@ -34,6 +35,8 @@ from ._models import (
 from ._nulls import nulls_left_to_schema
 from ._options import resolve_options
 from ._prompt import Head
+from ._pydantic import is_pydantic_schema
+from ._raws import NodeBudgetSpentError, canonical_raws, may_hold_raw
 from ._refs import MalformedRefError, exact_ref_for, parse_exact_ref
 from ._refusals import first_problem, is_refusal, refused
 from ._schema import strict_json_schema
@@ -42,6 +45,10 @@ from ._store._turns import cpu_turn, next_turn
 from ._summary import SummaryOutcome, fallback_value, summarize
 
 __all__ = ["response_compact", "response_compaction_read_exact"]
+
+#: JSON text inside a value is made canonical on the loop up to this many nodes (well under a
+#: millisecond), beyond that in a worker thread.
+_INLINE_NODES = 2_000
 
 E = TypeVar("E")
 S = TypeVar("S")
@@ -92,6 +99,7 @@ async def response_compact(
     json_schema = strict_json_schema(summary_schema)
     routes = () if llm is None else tuple(llm.routes(opts.ladder))
     value, owned = await _converted(exact_response, exact_schema)
+    value = await _raws_canonical(exact_response, value, exact_schema)
     store = await open_store(harness.fs)
     head = Head.for_options(opts, model=llm is not None)
     layout: list[Span] = []
@@ -159,6 +167,18 @@ async def _converted(response: object, schema: object) -> tuple[Any, list[Any] |
     """
     async with cpu_turn():
         return await convert_exact(response, schema, next_turn)
+
+
+async def _raws_canonical(response: object, value: Any, schema: object) -> Any:
+    """``value`` with the JSON text inside it canonical (``_raws``); off the loop when big."""
+    if is_pydantic_schema(schema) or not may_hold_raw(
+        schema, raw_input=isinstance(response, msgspec.Raw)
+    ):
+        return value
+    try:
+        return canonical_raws(value, budget=_INLINE_NODES)
+    except NodeBudgetSpentError:
+        return await anyio.to_thread.run_sync(canonical_raws, value)
 
 
 async def _store_exact(

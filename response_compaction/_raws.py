@@ -1,0 +1,139 @@
+"""JSON text inside a value (``msgspec.Raw``): made canonical, or refused. Pure: no I/O.
+
+msgspec writes a ``Raw`` as it is. Inside a larger value its text may hold more than one value
+(``1,"rows":[]`` adds a member beside it), name a key twice, or spell its value in a way
+canonical JSON does not (spaces, unsorted keys, ``1e15``). Stored like that, the entry decodes
+to a value other than the one handed in, and a part of it is not what ``read_part`` says. So
+each ``Raw`` inside a value is decoded (one JSON value, no key named twice, nothing canonical
+JSON refuses) and replaced by its canonical text: the value it holds is kept, its spelling is
+not, as for a whole input given as ``Raw`` (decoded against the schema, then re-encoded).
+
+Only schemas that can hold a ``Raw`` are walked (a ``Raw`` or ``Any`` somewhere in them).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
+
+from ._encoding import encode_checked
+from ._refusals import duplicate_key_path, type_nodes
+
+__all__ = ["NodeBudgetSpentError", "canonical_raws", "may_hold_raw"]
+
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+class NodeBudgetSpentError(Exception):
+    """The walk met more nodes than it was allowed: run it again off the event loop."""
+
+
+class _BadRawError(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@functools.lru_cache(maxsize=256)
+def may_hold_raw(schema: Any, *, raw_input: bool) -> bool:
+    """Whether a value of ``schema`` may hold a ``Raw`` inside it.
+
+    A whole input given as ``Raw`` is decoded against the schema, which yields a ``Raw`` only
+    where the schema names one; any other input may carry one wherever the schema says Any.
+    """
+    try:
+        nodes = list(type_nodes(mi.type_info(schema)))
+    except (TypeError, ValueError):
+        return True  # a schema msgspec cannot describe: look
+    kinds = (mi.RawType,) if raw_input else (mi.RawType, mi.AnyType)
+    return any(isinstance(node, kinds) for node in nodes)
+
+
+def canonical_raws(value: Any, budget: int | None = None) -> Any:
+    """``value`` with every ``Raw`` inside it canonical (the same object if none changed).
+
+    Raises ``ValueError`` naming the path of a ``Raw`` that is not one JSON value free of
+    repeated keys and of what canonical JSON refuses; :class:`NodeBudgetSpentError` after
+    ``budget`` nodes (None: no bound).
+    """
+    walk = _Walk(budget)
+    try:
+        return walk.value(value)
+    except _BadRawError:
+        path, reason = _first_bad(value)
+        raise ValueError(f"exact_response holds a msgspec.Raw that {reason} at `{path}`") from None
+    except RecursionError:
+        raise ValueError("exact_response nests too deeply for canonical JSON") from None
+
+
+class _Walk:
+    __slots__ = ("left",)
+
+    def __init__(self, budget: int | None) -> None:
+        self.left = budget
+
+    def value(self, item: Any) -> Any:
+        if isinstance(item, _PLAIN):
+            return item
+        if self.left is not None:
+            self.left -= 1
+            if self.left < 0:
+                raise NodeBudgetSpentError
+        if isinstance(item, msgspec.Raw):
+            return _canonical_raw(item)
+        if isinstance(item, dict):
+            new = {key: self.value(v) for key, v in item.items()}
+            return item if all(new[k] is v for k, v in item.items()) else new
+        if isinstance(item, list | tuple):
+            items = [self.value(v) for v in item]
+            if all(a is b for a, b in zip(items, item, strict=True)):
+                return item
+            return items if isinstance(item, list) else type(item)(items)
+        if isinstance(item, msgspec.Struct):
+            changed = {}
+            for name in item.__struct_fields__:
+                old = getattr(item, name)
+                new_value = self.value(old)
+                if new_value is not old:
+                    changed[name] = new_value
+            return msgspec.structs.replace(item, **changed) if changed else item
+        return item  # sets cannot hold a Raw (unhashable); other objects are msgspec's to refuse
+
+
+def _canonical_raw(raw: msgspec.Raw) -> msgspec.Raw:
+    data = bytes(memoryview(raw))
+    try:
+        decoded = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        raise _BadRawError("is not one JSON value") from None
+    if duplicate_key_path(data) is not None:
+        raise _BadRawError("names one key twice in an object")
+    try:
+        text = encode_checked(decoded)
+    except ValueError:
+        reason = "holds what canonical JSON cannot keep (NaN, infinity, a lone surrogate)"
+        raise _BadRawError(reason) from None
+    return raw if text == data else msgspec.Raw(text)
+
+
+def _first_bad(value: Any) -> tuple[str, str]:
+    """The path of the first ``Raw`` :func:`_canonical_raw` refuses, and why (a rare walk)."""
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, msgspec.Raw):
+            try:
+                _canonical_raw(item)
+            except _BadRawError as bad:
+                return path, bad.reason
+        elif isinstance(item, dict):
+            stack.extend((v, f"{path}[...]") for v in reversed(item.values()))
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
+        elif isinstance(item, msgspec.Struct):
+            names = list(zip(item.__struct_fields__, item.__struct_encode_fields__, strict=True))
+            stack.extend((getattr(item, name), f"{path}.{code}") for name, code in reversed(names))
+    return "$", "could not be checked"
