@@ -83,9 +83,12 @@ def _adapter(schema: Any) -> Any:
     return pydantic.TypeAdapter(schema)
 
 
+#: ``document`` of :func:`_describe` when the input was JSON text.
+_JSON = object()
+
 # Error types whose pydantic message is a template filled from the schema, a type name or a
 # count, never from the input. Anything else (a custom validator's "Value error, ...", a union
-# tag quoted from the input) is reduced to its type.
+# tag quoted from the input, uuid_parsing's "found `K` at 0") is reduced to its type.
 _SAFE_TYPES = frozenset(
     {
         "missing", "extra_forbidden", "none_required", "json_invalid", "json_type",
@@ -96,26 +99,46 @@ _SAFE_TYPES = frozenset(
         "less_than_equal", "multiple_of", "string_too_short", "string_too_long", "too_short",
         "too_long", "string_pattern_mismatch", "literal_error", "enum", "datetime_type",
         "datetime_parsing", "date_type", "date_parsing", "time_type", "time_parsing",
-        "uuid_type", "uuid_parsing", "decimal_type", "decimal_parsing", "url_type",
+        "uuid_type", "decimal_type", "decimal_parsing", "url_type",
         "url_parsing", "timezone_aware", "timezone_naive",
     }
 )  # fmt: skip
 
 
-def _describe(exc: Any, schema: Any) -> str:
+def _describe(exc: Any, schema: Any, document: Any = _JSON) -> str:
     """``msg - at `$.a[0].b``` for the first error (and how many more), without the input.
 
     Path steps that are not names from the schema (dict keys from the document) are ``[...]``.
+    An int step is an index only where the Python ``document`` holds a list or tuple there:
+    pydantic puts an int key of a dict in the path the same way (an account number is
+    content). In JSON (the default) keys are strings, so ints are indexes.
     """
     errors = exc.errors(include_input=False, include_url=False, include_context=False)
     first = errors[0]
     names = _field_names(schema)
-    path = "$" + "".join(
-        f"[{p}]" if isinstance(p, int) else f".{p}" if p in names else "[...]" for p in first["loc"]
-    )
+    steps: list[str] = []
+    node = document
+    for p in first["loc"]:
+        if isinstance(p, int):
+            index = node is _JSON or isinstance(node, list | tuple)
+            steps.append(f"[{p}]" if index else "[...]")
+        else:
+            steps.append(f".{p}" if p in names else "[...]")
+        node = node if node is _JSON else _child(node, p)
+    path = "$" + "".join(steps)
     message = first["msg"] if first["type"] in _SAFE_TYPES else f"invalid ({first['type']})"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{message} - at `{path}`{more}"
+
+
+def _child(node: Any, step: Any) -> Any:
+    """What ``node`` holds at ``step``; None where it cannot be followed (ints: not indexes)."""
+    try:
+        if isinstance(node, list | tuple | dict):
+            return node[step]
+        return getattr(node, step) if isinstance(step, str) else None
+    except (LookupError, TypeError, AttributeError):
+        return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -151,7 +174,8 @@ def pydantic_exact_value(response: Any, schema: Any) -> Any:
             value = adapter.validate_python(response)
     except pydantic.ValidationError as exc:
         raise ValueError(
-            f"exact_response does not validate against exact_schema: {_describe(exc, schema)}"
+            "exact_response does not validate against exact_schema: "
+            + _describe(exc, schema, _JSON if isinstance(response, msgspec.Raw) else response)
         ) from None
     # warnings=False: a field assigned a wrong type is reported by the read-back's check,
     # without pydantic's serializer warning, which quotes the value.

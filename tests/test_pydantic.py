@@ -7,6 +7,7 @@ import datetime as dt
 import math
 import re
 import sys
+import uuid
 from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
 
@@ -176,6 +177,32 @@ async def test_pydantic_errors_quote_no_value_or_key(
     assert f"at `{where}`" in message
     assert "SECRET" not in message
     assert "alice" not in message
+
+
+class Ledger(BaseModel):
+    accounts: dict[int, int]
+    ids: list[uuid.UUID]
+
+
+@pytest.mark.parametrize(
+    ("data", "where", "what"),
+    [
+        # pydantic puts an int key of a dict in the path as it puts an index: the account
+        # number 48213377 was printed as an index (adversarial review, 2026-12-04).
+        ({"accounts": {48213377: "x"}, "ids": []}, "$.accounts[...]", "valid integer"),
+        ({"accounts": {}, "ids": ["Kx9-not-a-uuid"]}, "$.ids[0]", "invalid (uuid_parsing)"),
+    ],
+)
+async def test_pydantic_errors_quote_no_int_key_and_no_character(
+    harness: rc.Harness, data: dict[str, Any], where: str, what: str
+) -> None:
+    """An int dict key is ``[...]``, a list index stays one; a bad UUID's character is not shown."""
+    with pytest.raises(ValueError, match=re.escape(what)) as info:
+        await rc.response_compact(harness, data, Ledger, SummaryP, options())
+    message = str(info.value)
+    assert f"at `{where}`" in message
+    assert "48213377" not in message
+    assert "`K`" not in message
 
 
 async def test_nan_in_a_model_is_refused(harness: rc.Harness) -> None:
