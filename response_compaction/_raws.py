@@ -84,12 +84,23 @@ class _Walk:
                 raise NodeBudgetSpentError
         if isinstance(item, msgspec.Raw):
             return _canonical_raw(item)
+        # Plain loops, not comprehensions: one frame per level of nesting, so a value nested
+        # as deep as the encoder takes is walked too.
         if isinstance(item, dict):
-            new = {key: self.value(v) for key, v in item.items()}
-            return item if all(new[k] is v for k, v in item.items()) else new
+            new: dict[Any, Any] = {}
+            same = True
+            for key, old in item.items():
+                new[key] = fresh = self.value(old)
+                same = same and fresh is old
+            return item if same else new
         if isinstance(item, list | tuple):
-            items = [self.value(v) for v in item]
-            if all(a is b for a, b in zip(items, item, strict=True)):
+            items: list[Any] = []
+            same = True
+            for old in item:
+                fresh = self.value(old)
+                items.append(fresh)
+                same = same and fresh is old
+            if same:
                 return item
             return items if isinstance(item, list) else type(item)(items)
         if isinstance(item, msgspec.Struct):

@@ -96,3 +96,17 @@ async def test_canonical_text_inside_is_kept_as_the_same_object(harness: rc.Harn
     assert isinstance(part, rc.Found)
     assert part.value.value == [2999, {"a": [1, 2]}]
     assert part.value.total_items == 3_001
+
+
+async def test_a_deep_value_under_any_is_walked_as_deep_as_the_encoder_goes(
+    harness: rc.Harness,
+) -> None:
+    """The walk takes one frame per level: with two (comprehensions), 500 levels were refused."""
+    value: Any = "leaf"
+    for _ in range(900):
+        value = [value]
+    value = [value, msgspec.Raw(b"[1, 2]")]
+    out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
+    found = await rc.response_compaction_read_exact(harness, out.receipt.exact_ref, Any)
+    assert isinstance(found, rc.Found)
+    assert found.value[1] == [1, 2]
