@@ -100,12 +100,15 @@ def agent_text(compacted: Any, *, read_tool: str = "read_exact", max_bytes: int 
         raise ValueError("max_bytes is too small for the reference and the read-more line")
     body = _ENCODE(compacted.output.value)
     if len(body) > room:
-        marker = f" …[cut: {{shown}} of {len(body)} bytes shown; use {read_tool}]"
-        keep = room - len(marker.format(shown=len(body)).encode())
+
+        def marker(shown: int) -> str:  # not str.format: the tool's name may hold braces
+            return f" …[cut: {shown} of {len(body)} bytes shown; use {read_tool}]"
+
+        keep = room - len(marker(len(body)).encode())
         if keep < 0:  # a long read_tool name: body[:keep] would keep nearly all of it
             raise ValueError("max_bytes is too small for the reference and the read-more line")
         shown = body[:keep].decode("utf-8", "ignore")
-        text = shown + marker.format(shown=len(shown.encode()))
+        text = shown + marker(len(shown.encode()))
     else:
         text = body.decode()
     return f"{head}{text}\n{tail}"

@@ -87,7 +87,8 @@ async def test_text_never_exceeds_max_bytes(harness: rc.Harness, max_bytes: int)
     assert text.splitlines()[-2].startswith("exact_ref: rc1:")
 
 
-@pytest.mark.parametrize("read_tool", ["read_exact", "r" * 300, "é" * 200])
+# Braces: the cut marker was built with str.format, and "read{0}" raised IndexError.
+@pytest.mark.parametrize("read_tool", ["read_exact", "r" * 300, "é" * 200, "read{0}", "read{x}"])
 def test_long_tool_name_never_breaks_the_bound(read_tool: str) -> None:
     """Whatever the tool's name, the text fits max_bytes or ValueError says it cannot."""
     output = rc.FallbackOutput(value=Summary(overview="é" * 5000, critical_facts=[]))
@@ -97,6 +98,7 @@ def test_long_tool_name_never_breaks_the_bound(read_tool: str) -> None:
         except ValueError:
             continue
         assert len(text.encode()) <= max_bytes
+        assert f"use {read_tool}]" in text
 
 
 def test_too_small_a_bound_raises() -> None:
