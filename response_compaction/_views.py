@@ -37,6 +37,9 @@ __all__ = [
 ]
 
 _ENCODER = msgspec.json.Encoder(order="sorted")
+#: The records' path is named in every prompt's wording, beside the budgeted content: a path
+#: made of a 300 KB key made prompts of 300 KB on a 4 KB budget. Longer ones are cut.
+_PATH_CHARS = 120
 _HEAD_ITEMS = 3
 _TAIL_ITEMS = 3
 _RARE_ITEMS = 12
@@ -61,13 +64,19 @@ class Chunk:
     text: str
 
 
+def _records_at(pv: ProfiledValue) -> str:
+    """The records' path for the wording, cut to ``_PATH_CHARS`` characters."""
+    path = str(pv.profile.records)
+    return path if len(path) <= _PATH_CHARS else path[: _PATH_CHARS - 1] + "…"
+
+
 def _envelope(pv: ProfiledValue, limit: int) -> tuple[str, int]:
     """The document with the records replaced by a marker, cut to ``limit`` bytes if need be."""
     if pv.trail is None or pv.records is None:
         return "", 0
     if not pv.trail:  # the value is the records array itself
         return "", 2
-    marker = f"<{len(pv.records)} records of {pv.profile.records}: see RECORDS>"
+    marker = f"<{len(pv.records)} records of {_records_at(pv)}: see RECORDS>"
     data = _ENCODER.encode(_replace(pv.root, pv.trail, marker))
     own = len(data) - len(_ENCODER.encode(marker)) + 2
     if len(data) <= limit:
@@ -114,7 +123,7 @@ def sampled_view(pv: ProfiledValue, data: bytes, budget: int) -> View:
         )
         return View(f"{text}\n\n{profile}\n\n{shown}\n[truncated]", len(shown.encode()))
     envelope, own = _envelope(pv, max(256, budget // 5))
-    room -= len(envelope.encode())
+    room -= len(envelope.encode()) + len(_records_at(pv).encode())  # the intro names it
     picked, lines = _pick(pv, room)
     n = len(pv.records)
     intro = (
@@ -122,7 +131,7 @@ def sampled_view(pv: ProfiledValue, data: bytes, budget: int) -> View:
         "1. PROFILE: exact counts computed in code over the WHOLE document; use these numbers, "
         "do not count the records yourself.\n"
         + ("2. DOCUMENT: the document with its records replaced by a marker.\n" if envelope else "")
-        + f"3. RECORDS: {len(picked)} of the {n} records of {pv.profile.records}, whole, "
+        + f"3. RECORDS: {len(picked)} of the {n} records of {_records_at(pv)}, whole, "
         "chosen from the start, the end, evenly across, and those holding RARE values; [i] is "
         "the record's index.\nDescribe the whole document, not only the records you see."
     )
@@ -178,7 +187,7 @@ def chunks(pv: ProfiledValue, budget: int, calls: int) -> tuple[list[Chunk], lis
     lo, size = 0, 0
     items: list[int] = []
     lines: list[bytes] = []
-    room = budget - 400
+    room = budget - 400 - len(_records_at(pv).encode())  # named in each part's header
     for index, item in enumerate(records):
         line = _line(index, item)
         if len(line) + 1 > room:
@@ -208,7 +217,7 @@ def _chunk(
 ) -> Chunk:
     text = (
         f"Part {part + 1} of {parts} of a {pv.profile.exact_bytes}-byte JSON document: records "
-        f"{lo}..{hi - 1} of the {pv.profile.record_count} records of {pv.profile.records}. "
+        f"{lo}..{hi - 1} of the {pv.profile.record_count} records of {_records_at(pv)}. "
         "Summarize this part only; a later step combines the parts.\n\n"
     )
     return Chunk(lo, hi, tuple(items), text + "\n".join(x.decode() for x in body))
@@ -229,6 +238,7 @@ def reduce_view(
     profile = render_profile(pv.profile, max(256, budget * 3 // 10))
     envelope, own = _envelope(pv, max(256, budget // 5))
     room = budget - len(profile.encode()) - len(envelope.encode()) - 800
+    room -= len(_records_at(pv).encode())  # the intro names it
     lines: list[str] = []
     used: list[Chunk] = []
     for chunk, summary in parts:
@@ -242,7 +252,7 @@ def reduce_view(
     left = n - sum(len(c.items) for c in used)
     intro = (
         f"The document is {pv.profile.exact_bytes} bytes of JSON with {n} records at "
-        f"{pv.profile.records}. Each PART SUMMARY below summarizes a run of records; combine "
+        f"{_records_at(pv)}. Each PART SUMMARY below summarizes a run of records; combine "
         "them with the PROFILE (exact counts over the whole document) into one summary."
     )
     if left:

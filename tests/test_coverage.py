@@ -620,3 +620,21 @@ def test_sampled_view_shows_whole_records_within_its_budget(
     assert len(records) - 1 in lines
     for index, record in lines.items():
         assert record == records[index]
+
+
+@pytest.mark.parametrize("coverage", ["sampled", "full"])
+async def test_a_long_key_above_the_records_does_not_grow_the_prompt(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, coverage: str
+) -> None:
+    """The records' path is named in the wording of every prompt; a 100 KB key is cut there.
+
+    It was not: prompts of 300 KB went out on a 4 KB ``shown_bytes`` (adversarial review).
+    """
+    server.script("m", summary_reply(GOOD))
+    rows = [{"id": i, "v": "x"} for i in range(2_000)]
+    opts = {"fallback": FALLBACK, "ladder": "main", "coverage": coverage, "shown_bytes": 4096}
+    async with harness_for(workspace, server, ["m"]) as h:
+        out = await rc.response_compact(h, {"K" * 100_000: rows}, Any, Summary, opts)
+    assert out.output.kind == "summarized"
+    sizes = [len(user_prompt(body).encode()) for body in server.bodies("m")]
+    assert max(sizes) <= 4096
