@@ -109,4 +109,5 @@ async def test_a_deep_value_under_any_is_walked_as_deep_as_the_encoder_goes(
     out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
     found = await rc.response_compaction_read_exact(harness, out.receipt.exact_ref, Any)
     assert isinstance(found, rc.Found)
+    assert isinstance(found.value, list)
     assert found.value[1] == [1, 2]
