@@ -64,8 +64,14 @@ async def response_compaction_read_part(
 
         # Without a usable layout a large node is scanned by msgspec in one call, which holds
         # the GIL; in a worker thread the loop at least runs between such calls.
-        inline = len(data) <= INLINE_BYTES
-        return node, (cut() if inline else await current_backend().run(cut))
+        if len(data) > INLINE_BYTES:
+            return node, await current_backend().run(cut)
+        try:
+            return node, cut()
+        except RecursionError:
+            # A deep value cut from a deep caller's stack (a framework's, an MCP server's):
+            # a worker thread starts with a shallow one.
+            return node, await current_backend().run(cut)
 
     try:
         result = await get_checked(

@@ -351,3 +351,27 @@ async def test_large_entry_without_layout_is_cut_away_from_the_loop(
     assert broken == rc.Broken(
         detail="exact entry does not verify: the bytes do not hash to the reference"
     )
+
+
+async def _awaited_from_deep(levels: int, read: Any) -> Any:
+    return await read() if levels == 0 else await _awaited_from_deep(levels - 1, read)
+
+
+async def test_a_deep_value_is_cut_from_a_deep_callers_stack(harness: rc.Harness) -> None:
+    """A deep caller's stack (a framework's) left too few frames: read_part raised RecursionError.
+
+    Found by an adversarial review with 450 levels read 560 awaits down; now the cut moves to
+    a worker thread, whose stack is shallow.
+    """
+    value: Any = "leaf"
+    for _ in range(450):
+        value = [value]
+    out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
+    ref = out.receipt.exact_ref
+
+    async def read() -> Any:
+        return await rc.response_compaction_read_part(harness, ref)
+
+    part = await _awaited_from_deep(560, read)
+    assert isinstance(part, rc.Found)
+    assert msgspec.json.decode(part.value.json) == value
