@@ -99,7 +99,6 @@ async def response_compact(
     json_schema = strict_json_schema(summary_schema)
     routes = () if llm is None else tuple(llm.routes(opts.ladder))
     value, owned = await _converted(exact_response, exact_schema)
-    value = await _raws_canonical(exact_response, value, exact_schema)
     store = await open_store(harness.fs)
     head = Head.for_options(opts, model=llm is not None)
     layout: list[Span] = []
@@ -166,7 +165,8 @@ async def _converted(response: object, schema: object) -> tuple[Any, list[Any] |
     of the loop.
     """
     async with cpu_turn():
-        return await convert_exact(response, schema, next_turn)
+        value, owned = await convert_exact(response, schema, next_turn)
+    return await _raws_canonical(response, value, schema), owned
 
 
 async def _raws_canonical(response: object, value: Any, schema: object) -> Any:
