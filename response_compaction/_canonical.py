@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from ._encoding import ENCODER, RefusedError, encode_checked
+from ._encoding import ENCODER, RefusedError, TooDeepError, encode_checked
 from ._messages import content_free
 from ._pydantic import is_pydantic_schema, pydantic_decode, pydantic_exact_value, pydantic_plain
 from ._refusals import duplicate_key_path, first_problem, keys_may_merge, merged_key_path, refused
@@ -158,7 +158,7 @@ def decode_exact(data: bytes | memoryview, schema: Any) -> Any:
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ValueError(content_free(exc)) from None
     except RecursionError:
-        raise ValueError("the value nests too deeply to decode here") from None
+        raise TooDeepError("the value nests too deeply to decode here") from None
 
 
 @functools.lru_cache(maxsize=256)

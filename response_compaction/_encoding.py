@@ -15,7 +15,7 @@ import msgspec
 
 from ._refusals import first_problem
 
-__all__ = ["ENCODER", "RefusedError", "encode_checked"]
+__all__ = ["ENCODER", "RefusedError", "TooDeepError", "encode_checked"]
 
 ENCODER = msgspec.json.Encoder(order="sorted")
 # A float64 in msgpack is 0xcb + 8 big-endian bytes; NaN and +-inf have all exponent bits set.
@@ -34,6 +34,10 @@ class RefusedError(ValueError):
     def __init__(self, problem: str) -> None:
         super().__init__(problem)
         self.problem = problem
+
+
+class TooDeepError(ValueError):
+    """A decode ran out of stack; on a shallower one (a worker thread's) it may not."""
 
 
 def encode_checked(value: Any, *, scan_nulls: bool = True) -> bytes:

@@ -6,6 +6,8 @@ they hash to the digest the reference names, and the part is cut from those byte
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import anyio.lowlevel
@@ -62,16 +64,7 @@ async def response_compaction_read_part(
         def cut() -> Part:
             return part_of(node, pointer, start=start, stop=stop, max_bytes=max_bytes)
 
-        # Without a usable layout a large node is scanned by msgspec in one call, which holds
-        # the GIL; in a worker thread the loop at least runs between such calls.
-        if len(data) > INLINE_BYTES:
-            return node, await current_backend().run(cut)
-        try:
-            return node, cut()
-        except RecursionError:
-            # A deep value cut from a deep caller's stack (a framework's, an MCP server's):
-            # a worker thread starts with a shallow one.
-            return node, await current_backend().run(cut)
+        return node, await _cut(cut, len(data))
 
     try:
         result = await get_checked(
@@ -92,6 +85,20 @@ async def response_compaction_read_part(
     if node is not None:
         remember(parsed.hex, node)  # only now: the bytes it was learned from verified
     return Found(value=part)
+
+
+async def _cut(cut: Callable[[], Part], size: int) -> Part:
+    """``cut()`` here when small; in a worker thread when large or out of stack here.
+
+    Without a usable layout a large node is scanned by msgspec in one call, which holds the
+    GIL; in a worker thread the loop at least runs between such calls. A deep value cut from
+    a deep caller's stack (a framework's, an MCP server's) runs out of it; a worker thread's
+    starts shallow.
+    """
+    if size <= INLINE_BYTES:
+        with contextlib.suppress(RecursionError):
+            return cut()
+    return await current_backend().run(cut)
 
 
 def _whole_part(

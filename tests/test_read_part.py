@@ -375,3 +375,19 @@ async def test_a_deep_value_is_cut_from_a_deep_callers_stack(harness: rc.Harness
     part = await _awaited_from_deep(560, read)
     assert isinstance(part, rc.Found)
     assert msgspec.json.decode(part.value.json) == value
+
+
+async def test_a_deep_value_is_read_exact_from_a_deep_callers_stack(harness: rc.Harness) -> None:
+    """read_exact said Broken ("does not verify") where the caller's stack was deep."""
+    value: Any = "leaf"
+    for _ in range(450):
+        value = [value]
+    out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
+    ref = out.receipt.exact_ref
+
+    async def read() -> Any:
+        return await rc.response_compaction_read_exact(harness, ref, Any)
+
+    found = await _awaited_from_deep(560, read)
+    assert isinstance(found, rc.Found)
+    assert found.value == value

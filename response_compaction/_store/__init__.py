@@ -51,6 +51,7 @@ from .._errors import map_errors
 from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout
+from . import _verify
 from ._clocks import finite_clock
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
@@ -311,8 +312,8 @@ class Store(Medium):
                 check = functools.partial(check_read, got, kind, key, self._key)
                 value = await decoded_beside(self._backend, data, schema, spans, check)
                 record_read(self.root, kind, key, now)
-        except ValueError as exc:
-            return Broken(detail=f"{kind} entry does not verify: {exc}")
+        except ValueError as exc:  # bytes checked; too deep for this stack: again in a thread
+            return await _verify.decoded_in_thread(self._backend, kind, data, schema, exc)
         return Found(value=value)
 
     async def prune(self, max_entries: int | None = None) -> int:

@@ -16,6 +16,8 @@ import msgspec.inspect as mi
 from .. import _pool, _verifiers
 from .._canonical import Span, decode_exact
 from .._digest import digest_hex, matches
+from .._encoding import TooDeepError
+from .._models import Broken, Found
 from .._perf import paused_gc
 from .._pydantic import is_pydantic_schema
 from .._refusals import type_nodes
@@ -36,6 +38,7 @@ __all__ = [
     "decode_beside",
     "decode_outcome",
     "decoded_beside",
+    "decoded_in_thread",
     "decoded_value",
     "decodes_plainly",
     "opened_layout",
@@ -237,6 +240,23 @@ async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> An
             if len(data) <= WHOLE_DECODE_BYTES:
                 return decode_exact(data, schema)
             return await decode_sliced(data, schema, spans, next_turn)
+
+
+async def decoded_in_thread(
+    backend: FileBackend, kind: str, data: bytes, schema: Any, failed: ValueError
+) -> Found[Any] | Broken:
+    """What checked ``data`` whose decode raised ``failed`` reads as: Broken, saying why.
+
+    Unless it ran out of stack (:class:`TooDeepError`): a deep value decoded on a deep
+    caller's stack (a framework's, an MCP server's), which the writer's decode took. It is
+    decoded again in a worker thread, whose stack starts shallow.
+    """
+    if isinstance(failed, TooDeepError):
+        try:
+            return Found(value=await backend.run(decode_exact, data, schema))
+        except ValueError as exc:
+            failed = exc
+    return Broken(detail=f"{kind} entry does not verify: {failed}")
 
 
 async def decoded_beside(
