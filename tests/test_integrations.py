@@ -15,6 +15,7 @@ import logging
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio.to_thread
@@ -293,6 +294,32 @@ async def test_langchain_middleware_passes_small_results(compactor: Compactor) -
     with pytest.raises(AssertionError, match="just this"):
         await agent.ainvoke({"messages": [{"role": "user", "content": "hi"}]})
     assert entry_files(store_root(compactor.harness.fs)) == set()
+
+
+@asyncio_only
+async def test_langchain_middleware_compacts_list_content(compactor: Compactor) -> None:
+    """A tool returning a list keeps it as list content; it was measured as text only, so
+    780 KB of it went to the model uncompacted (adversarial review)."""
+    pytest.importorskip("langchain")
+    from langchain_core.tools import tool
+
+    from response_compaction.integrations.langchain import CompactionMiddleware
+
+    @tool
+    def list_rows() -> list[str]:
+        """Rows, as a list of strings."""
+        return [f"row {i}: card 4111-1111-1111-{i:04d}" for i in range(20_000)]
+
+    call = {"name": "list_rows", "args": {}, "id": "1", "type": "tool_call"}
+
+    async def handler(request: Any) -> Any:
+        return await list_rows.ainvoke(request.tool_call)
+
+    middleware = CompactionMiddleware(compactor)
+    message = await middleware.awrap_tool_call(SimpleNamespace(tool_call=call), handler)
+    assert isinstance(message.content, str)
+    assert "exact_ref: rc1:" in message.content
+    assert len(message.content.encode()) <= compactor.text_bytes
 
 
 # --------------------------------------------------------------------------- shared core

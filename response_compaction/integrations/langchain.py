@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, overload
 
+import msgspec
+
 from .._options import resolve_options
 from ._core import READ_EXACT_DESCRIPTION, Compactor
 
@@ -110,10 +112,9 @@ class CompactionMiddleware(_middleware_base()):  # type: ignore[misc]
         return (
             isinstance(result, ToolMessage)
             and result.status != "error"
-            and isinstance(result.content, str)
             and name != self.compactor.read_tool
             and (self.only is None or name in self.only)
-            and len(result.content.encode()) > self._above
+            and _content_bytes(result.content) > self._above
         )
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
@@ -129,3 +130,17 @@ class CompactionMiddleware(_middleware_base()):  # type: ignore[misc]
         if not self._wants(request, result):
             return result
         return result.model_copy(update={"content": await self.compactor.compact(result.content)})
+
+
+def _content_bytes(content: Any) -> int:
+    """How big a message's content is: text, or a list (of strings or content blocks) as JSON.
+
+    A tool returning a list keeps it as list content; measured as text only, 780 KB of it
+    reached the model uncompacted (adversarial review).
+    """
+    if isinstance(content, str):
+        return len(content.encode())
+    try:
+        return len(msgspec.json.encode(content))
+    except (TypeError, ValueError):
+        return 0  # not JSON: left as it is
