@@ -14,6 +14,7 @@ Only schemas that can hold a ``Raw`` are walked (a ``Raw`` or ``Any`` somewhere 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -25,6 +26,8 @@ from ._refusals import duplicate_key_path, type_nodes
 __all__ = ["NodeBudgetSpentError", "canonical_raws", "may_hold_raw"]
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
+#: The exact types of items that cannot hold a Raw, checked a whole container at a time in C.
+_LEAVES = frozenset(_PLAIN)
 
 
 class NodeBudgetSpentError(Exception):
@@ -87,6 +90,8 @@ class _Walk:
         # Plain loops, not comprehensions: one frame per level of nesting, so a value nested
         # as deep as the encoder takes is walked too.
         if isinstance(item, dict):
+            if _only_leaves(item.values()):
+                return item  # nothing to look into
             new: dict[Any, Any] = {}
             same = True
             for key, old in item.items():
@@ -94,6 +99,8 @@ class _Walk:
                 same = same and fresh is old
             return item if same else new
         if isinstance(item, list | tuple):
+            if _only_leaves(item):
+                return item
             items: list[Any] = []
             same = True
             for old in item:
@@ -112,6 +119,11 @@ class _Walk:
                     changed[name] = new_value
             return msgspec.structs.replace(item, **changed) if changed else item
         return item  # sets cannot hold a Raw (unhashable); other objects are msgspec's to refuse
+
+
+def _only_leaves(children: Iterable[Any]) -> bool:
+    """Whether every one of ``children`` is a leaf (their types checked in C, at once)."""
+    return _LEAVES.issuperset(map(type, children))
 
 
 def _canonical_raw(raw: msgspec.Raw) -> msgspec.Raw:
