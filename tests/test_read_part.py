@@ -17,7 +17,7 @@ import response_compaction as rc
 import response_compaction.sync as rc_sync
 from response_compaction import _pool
 from response_compaction._part import part_of
-from tests._store_support import FaultyBackend, with_backend
+from tests._store_support import FaultyBackend, entry_path, store_root, with_backend
 from tests.conftest import FakeClock
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
@@ -391,3 +391,19 @@ async def test_a_deep_value_is_read_exact_from_a_deep_callers_stack(harness: rc.
     found = await _awaited_from_deep(560, read)
     assert isinstance(found, rc.Found)
     assert found.value == value
+
+
+async def test_an_entry_grown_to_a_sparse_terabyte_reads_broken(harness: rc.Harness) -> None:
+    """read_part read the whole file (MemoryError); it now reads one byte past the row's size.
+
+    The file stays our own regular file with one link: only its size changed (adversarial
+    review).
+    """
+    out = await rc.response_compact(harness, {"rows": [1, 2, 3]}, dict, Summary, OPTIONS)
+    ref = out.receipt.exact_ref
+    path = entry_path(store_root(harness.fs), ref.split(":")[1])
+    with path.open("r+b") as file:
+        file.truncate(1 << 40)  # sparse: no disk used
+    part = await rc.response_compaction_read_part(harness, ref)
+    assert isinstance(part, rc.Broken)
+    assert "does not verify" in part.detail

@@ -99,7 +99,7 @@ async def get_checked(
             if whole is not None and not spans and row.size >= WHOLE_WORK_BYTES:
                 result = await in_pool_or_thread(backend, store.root, kind, key, check, whole)
             else:
-                data = await store._read_entry(kind, key)
+                data = await store._read_entry(kind, key, row.size)
                 if isinstance(data, (Missing, Broken)):
                     return data
                 result = await overlap_check(backend, data, check, spans, work)

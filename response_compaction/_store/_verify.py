@@ -221,11 +221,19 @@ def check_trusted(data: bytes, kind: Kind, key: str, recorded: str, secret: byte
         raise ValueError("the bytes are not those sealed to this key")
 
 
-async def read_all(backend: FileBackend, path: str, dir_fd: int | None = None) -> bytes:
-    """The whole of a regular file, opened without following links."""
+async def read_all(
+    backend: FileBackend, path: str, dir_fd: int | None = None, *, limit: int = -1
+) -> bytes:
+    """A regular file (at most ``limit`` bytes if not -1), opened without following links."""
     file = await backend.open(path, "rb", regular_opener(dir_fd))
     try:
-        return await file.read(-1)
+        if limit < 0:
+            return await file.read(-1)
+        chunks: list[bytes] = []
+        while limit > 0 and (chunk := await file.read(limit)):  # short reads: read on
+            chunks.append(chunk)
+            limit -= len(chunk)
+        return b"".join(chunks)
     finally:
         with anyio.CancelScope(shield=True):
             await file.close()
@@ -245,11 +253,9 @@ async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> An
 async def decoded_in_thread(
     backend: FileBackend, kind: str, data: bytes, schema: Any, failed: ValueError
 ) -> Found[Any] | Broken:
-    """What checked ``data`` whose decode raised ``failed`` reads as: Broken, saying why.
+    """Checked ``data`` whose decode raised ``failed``: Broken, or decoded in a thread.
 
-    Unless it ran out of stack (:class:`TooDeepError`): a deep value decoded on a deep
-    caller's stack (a framework's, an MCP server's), which the writer's decode took. It is
-    decoded again in a worker thread, whose stack starts shallow.
+    Only :class:`TooDeepError` (a deep caller's stack ran out) is retried, on a shallow one.
     """
     if isinstance(failed, TooDeepError):
         try:
