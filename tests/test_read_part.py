@@ -357,17 +357,22 @@ async def _awaited_from_deep(levels: int, read: Any) -> Any:
     return await read() if levels == 0 else await _awaited_from_deep(levels - 1, read)
 
 
+async def _deep_value_stored(harness: rc.Harness) -> tuple[Any, str]:
+    """A value 450 lists deep, stored: (the value, its exact_ref)."""
+    value: Any = "leaf"
+    for _ in range(450):
+        value = [value]
+    out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
+    return value, out.receipt.exact_ref
+
+
 async def test_a_deep_value_is_cut_from_a_deep_callers_stack(harness: rc.Harness) -> None:
     """A deep caller's stack (a framework's) left too few frames: read_part raised RecursionError.
 
     Found by an adversarial review with 450 levels read 560 awaits down; now the cut moves to
     a worker thread, whose stack is shallow.
     """
-    value: Any = "leaf"
-    for _ in range(450):
-        value = [value]
-    out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
-    ref = out.receipt.exact_ref
+    value, ref = await _deep_value_stored(harness)
 
     async def read() -> Any:
         return await rc.response_compaction_read_part(harness, ref)
@@ -379,11 +384,7 @@ async def test_a_deep_value_is_cut_from_a_deep_callers_stack(harness: rc.Harness
 
 async def test_a_deep_value_is_read_exact_from_a_deep_callers_stack(harness: rc.Harness) -> None:
     """read_exact said Broken ("does not verify") where the caller's stack was deep."""
-    value: Any = "leaf"
-    for _ in range(450):
-        value = [value]
-    out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
-    ref = out.receipt.exact_ref
+    value, ref = await _deep_value_stored(harness)
 
     async def read() -> Any:
         return await rc.response_compaction_read_exact(harness, ref, Any)
