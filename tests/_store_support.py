@@ -182,6 +182,13 @@ def index_rows(root: Path, kind: str = "exact") -> set[str]:
         conn.close()
 
 
+def assert_nothing_stored(root: Path) -> None:
+    """No entry, temporary file or index row of an exact value under ``root``."""
+    assert entry_files(root) == set()
+    assert temp_files(root) == []
+    assert index_rows(root) == set()
+
+
 def stored_layout(root: Path, key: str) -> bytes:
     """The layout column of the index row of exact entry ``key``, as stored."""
     conn = sqlite3.connect(root / "index.sqlite3")

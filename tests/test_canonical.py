@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -18,15 +17,14 @@ from response_compaction._canonical import canonical_bytes, iter_canonical, to_e
 from tests._store_support import (
     HYPOTHESIS,
     TEST_KEY,
+    assert_nothing_stored,
     canonical,
     compact,
     entry_files,
     entry_path,
     hex_of,
-    index_rows,
     options,
     store_root,
-    temp_files,
 )
 from tests.schemas import Exact, Row, Summary, big_exact
 
@@ -253,12 +251,6 @@ async def test_large_round_trip_verified_in_a_worker_process(harness: rc.Harness
 # ----------------------------------------------------------------------------- refused inputs
 
 
-def _assert_nothing_stored(root: Path) -> None:
-    assert entry_files(root) == set()
-    assert temp_files(root) == []
-    assert index_rows(root) == set()
-
-
 _NOT_VALID: list[tuple[str, Any]] = [
     ("builtins out of range", {"rows": [], "total": -1}),
     ("builtins wrong type", {"rows": [{"id": "one", "name": "a"}], "total": 1}),
@@ -279,7 +271,7 @@ async def test_invalid_input_raises_value_error_and_stores_nothing(
     """A response that does not validate raises ValueError and leaves no entry or temp file."""
     with pytest.raises(ValueError, match=r"\S"):
         await compact(harness, response)
-    _assert_nothing_stored(store_root(harness.fs))
+    assert_nothing_stored(store_root(harness.fs))
 
 
 _NON_FINITE: list[tuple[str, Any]] = [
@@ -299,7 +291,7 @@ async def test_nan_and_infinity_are_refused(harness: rc.Harness, response: Any) 
     """NaN and infinities raise ValueError instead of being stored as null."""
     with pytest.raises(ValueError, match=r"NaN|infinity|out of range"):
         await compact(harness, response)
-    _assert_nothing_stored(store_root(harness.fs))
+    assert_nothing_stored(store_root(harness.fs))
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, [1.0, {"x": math.nan}]])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import uuid
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -12,18 +11,12 @@ import pytest
 
 import response_compaction as rc
 from response_compaction._canonical import canonical_bytes, iter_canonical
-from tests._store_support import entry_files, index_rows, store_root, temp_files
+from tests._store_support import assert_nothing_stored, store_root
 from tests.schemas import FALLBACK, Summary
 
 pytestmark = pytest.mark.anyio
 
 OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
-
-
-def _assert_nothing_stored(root: Path) -> None:
-    assert entry_files(root) == set()
-    assert temp_files(root) == []
-    assert index_rows(root) == set()
 
 
 async def _compact(harness: rc.Harness, value: Any, schema: Any) -> rc.Compacted[Any, Any]:
@@ -61,7 +54,7 @@ async def test_non_finite_in_tuples_and_sets_is_refused(
         await _compact(harness, value, schema)
     assert path in str(caught.value)
     assert "null" not in str(caught.value)
-    _assert_nothing_stored(store_root(harness.fs))
+    assert_nothing_stored(store_root(harness.fs))
 
 
 @pytest.mark.parametrize("piece_bytes", [1, 1 << 20])
@@ -96,7 +89,7 @@ async def test_colliding_keys_are_refused(
     assert path in message
     assert "1.5" not in message
     assert "'1'" not in message
-    _assert_nothing_stored(store_root(harness.fs))
+    assert_nothing_stored(store_root(harness.fs))
 
 
 async def test_mixed_keys_that_do_not_collide_are_kept(harness: rc.Harness) -> None:
@@ -142,7 +135,7 @@ async def test_keys_the_schema_reads_as_one_are_refused(
     with pytest.raises(ValueError, match="reads as one key") as caught:
         await _compact(harness, value, schema)
     assert path in str(caught.value)
-    _assert_nothing_stored(store_root(harness.fs))
+    assert_nothing_stored(store_root(harness.fs))
 
 
 async def test_distinct_parsed_keys_are_kept(harness: rc.Harness) -> None:
@@ -180,7 +173,7 @@ async def test_duplicate_keys_in_raw_json_are_refused(
         await _compact(harness, msgspec.Raw(data), schema)
     assert path in str(caught.value)
     assert "pin" not in str(caught.value)
-    _assert_nothing_stored(store_root(harness.fs))
+    assert_nothing_stored(store_root(harness.fs))
 
 
 async def test_raw_json_with_distinct_keys_is_kept(harness: rc.Harness) -> None:
@@ -238,7 +231,7 @@ async def test_deep_nesting_is_refused_with_value_error(harness: rc.Harness, val
     """Nesting beyond the recursion limit raises ValueError, not RecursionError; nothing stored."""
     with pytest.raises(ValueError, match="nests too deeply"):
         await _compact(harness, value, Any)
-    _assert_nothing_stored(store_root(harness.fs))
+    assert_nothing_stored(store_root(harness.fs))
 
 
 async def test_moderate_nesting_round_trips(harness: rc.Harness) -> None:
@@ -266,7 +259,7 @@ async def test_lone_surrogates_are_refused_with_a_path(
         await _compact(harness, value, Any)
     assert path in str(caught.value)
     assert "\ud800" not in str(caught.value)
-    _assert_nothing_stored(store_root(harness.fs))
+    assert_nothing_stored(store_root(harness.fs))
 
 
 def test_unencodable_values_raise_value_error() -> None:

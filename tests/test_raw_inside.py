@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 import response_compaction as rc
-from tests._store_support import entry_files, index_rows, store_root, temp_files
+from tests._store_support import assert_nothing_stored, store_root
 from tests.schemas import FALLBACK, Summary
 
 pytestmark = pytest.mark.anyio
@@ -61,11 +61,7 @@ async def test_json_text_that_would_change_the_value_is_refused_and_nothing_stor
         await rc.response_compact(harness, value, schema, Summary, OPTIONS)
     assert message in str(caught.value)
     assert SECRET.decode() not in str(caught.value)
-    root = store_root(harness.fs)
-    if root.exists():
-        assert entry_files(root) == set()
-        assert temp_files(root) == []
-        assert index_rows(root) == set()
+    assert_nothing_stored(store_root(harness.fs))
 
 
 async def test_json_text_is_stored_canonical_and_every_read_agrees(harness: rc.Harness) -> None:
