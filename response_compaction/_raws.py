@@ -109,7 +109,10 @@ class _Walk:
                 same = same and fresh is old
             if same:
                 return item
-            return items if isinstance(item, list) else type(item)(items)
+            if isinstance(item, list):
+                return items
+            # A named tuple is made from its fields; it is written as the array either way.
+            return type(item)._make(items) if hasattr(item, "_make") else tuple(items)
         if isinstance(item, msgspec.Struct):
             changed = {}
             for name in item.__struct_fields__:

@@ -7,7 +7,7 @@ differ from its value's (found by an adversarial review, 2026-12-04).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import pytest
@@ -107,3 +107,18 @@ async def test_a_deep_value_under_any_is_walked_as_deep_as_the_encoder_goes(
     assert isinstance(found, rc.Found)
     assert isinstance(found.value, list)
     assert found.value[1] == [1, 2]
+
+
+class Pair(NamedTuple):
+    left: int
+    right: Any
+
+
+async def test_json_text_in_a_named_tuple_is_made_canonical(harness: rc.Harness) -> None:
+    """A named tuple is rebuilt from its fields (``type(t)(items)`` raised TypeError)."""
+    given = [Pair(1, msgspec.Raw(b"[1, 2]"))]
+    out = await rc.response_compact(harness, given, Any, Summary, OPTIONS)
+    found = await rc.response_compaction_read_exact(harness, out.receipt.exact_ref, Any)
+    assert isinstance(found, rc.Found)
+    expected: Any = [[1, [1, 2]]]
+    assert found.value == expected
