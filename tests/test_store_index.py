@@ -6,6 +6,7 @@ no release ever wrote an index without the layout column and the row counter (is
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from response_compaction._errors import map_errors
 from response_compaction._store import ROOT_NAME, _index, _indexes, open_store
 from response_compaction._store._paths import prepare_root
 from response_compaction._store._tx import LOOKUP
-from tests._store_support import hex_of, index_settings
+from tests._store_support import hex_of, index_settings, store_root
 from tests.conftest import FakeClock
 from tests.schemas import FALLBACK, Exact, Row, Summary
 
@@ -320,3 +321,43 @@ assert writer_id() == parent and PROCESS.pid == os.getpid()
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+_ENDLESS = (
+    "SELECT count(*) FROM (WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r)"
+    " SELECT n FROM r)"
+)
+_TAMPERING = {
+    # A view in place of the table: every lookup would run the endless query.
+    "view": "DROP TABLE entries; CREATE VIEW entries(kind, key, digest, size, expires_at,"
+    " last_used, layout, writer) AS SELECT 'exact', 'x', 'y', 1, 1.0, 1.0, NULL, NULL"
+    " FROM (WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT n FROM r)",
+    # A trigger of someone else's on every insert.
+    "foreign trigger": "CREATE TRIGGER endless BEFORE INSERT ON entries BEGIN "
+    + _ENDLESS
+    + "; END",
+    # One of ours with its body replaced.
+    "replaced trigger": "DROP TRIGGER entries_added; CREATE TRIGGER entries_added AFTER INSERT"
+    " ON entries BEGIN " + _ENDLESS + "; END",
+}
+
+
+@pytest.mark.parametrize("tampering", list(_TAMPERING.values()), ids=list(_TAMPERING))
+async def test_an_index_with_schema_objects_we_did_not_make_is_refused(
+    harness: rc.Harness, tampering: str
+) -> None:
+    """Reads and writes hung forever inside SQLite (adversarial review); now the index is
+    refused when it is opened, naming its path and no content."""
+    out = await rc.response_compact(
+        harness, {"rows": [1, 2, 3]}, dict, Summary, {"fallback": FALLBACK, "ladder": "cheap"}
+    )
+    _indexes.close_all()  # the next use opens it afresh, as another process would
+    root = store_root(harness.fs)
+    with contextlib.closing(sqlite3.connect(root / "index.sqlite3", isolation_level=None)) as db:
+        db.executescript(tampering)
+    with pytest.raises(rc.UnsafeStoreError, match="schema objects"):
+        await rc.response_compaction_read_exact(harness, out.receipt.exact_ref, dict)
+    with pytest.raises(rc.UnsafeStoreError, match="schema objects"):
+        await rc.response_compact(
+            harness, {"rows": [2]}, dict, Summary, {"fallback": FALLBACK, "ladder": "cheap"}
+        )

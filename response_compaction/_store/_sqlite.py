@@ -61,6 +61,13 @@ _SCHEMA = (
 )
 #: The schema object created last: an index that has it has every one.
 _LAST = "clocks_seen"
+#: (type, name) of every schema object, and the text of each trigger, as SQLite keeps them. A
+#: view in place of a table, or a trigger of someone else's, runs its SQL inside our
+#: statements: an endless recursive one hung every read and write (adversarial review).
+_OBJECTS = frozenset((statement.split()[1].lower(), statement.split()[5]) for statement in _SCHEMA)
+_TRIGGERS = frozenset(
+    statement.replace(" IF NOT EXISTS", "") for statement in _SCHEMA if "TRIGGER" in statement
+)
 
 
 class IndexBusy(Exception):  # noqa: N818 - a signal to retry, not an error anyone sees
@@ -139,10 +146,21 @@ def connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+        if schema:
+            _check_schema(conn, path)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _check_schema(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse an index whose schema holds objects this library did not make (UnsafeStoreError)."""
+    found = conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+    objects = {(kind, name) for kind, name, _ in found}
+    triggers = {sql for kind, _, sql in found if kind == "trigger"}
+    if objects != _OBJECTS or triggers != _TRIGGERS:
+        raise UnsafeStoreError("store index has schema objects this library did not make", path)
 
 
 def connect_read_only(path: str) -> sqlite3.Connection:
