@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from ._encoding import encode_checked
+from ._encoding import ENCODER
 from ._refusals import duplicate_key_path, type_nodes
 
 __all__ = ["NodeBudgetSpentError", "canonical_raws", "may_hold_raw"]
@@ -59,7 +59,7 @@ def canonical_raws(value: Any, budget: int | None = None) -> Any:
     """``value`` with every ``Raw`` inside it canonical (the same object if none changed).
 
     Raises ``ValueError`` naming the path of a ``Raw`` that is not one JSON value free of
-    repeated keys and of what canonical JSON refuses; :class:`NodeBudgetSpentError` after
+    repeated keys; :class:`NodeBudgetSpentError` after
     ``budget`` nodes (None: no bound).
     """
     walk = _Walk(budget)
@@ -137,11 +137,9 @@ def _canonical_raw(raw: msgspec.Raw) -> msgspec.Raw:
         raise _BadRawError("is not one JSON value") from None
     if duplicate_key_path(data) is not None:
         raise _BadRawError("names one key twice in an object")
-    try:
-        text = encode_checked(decoded)
-    except ValueError:
-        reason = "holds what canonical JSON cannot keep (NaN, infinity, a lone surrogate)"
-        raise _BadRawError(reason) from None
+    # Decoded JSON holds no NaN, lone surrogate or non-str key (the decode refuses them), so
+    # the plain canonical encoder is enough: encode_checked's scans would find nothing.
+    text = ENCODER.encode(decoded)
     return raw if text == data else msgspec.Raw(text)
 
 
