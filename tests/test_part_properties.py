@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from response_compaction._canonical import Span, iter_canonical
-from response_compaction._part import CUT_MARKER, part_of
+from response_compaction._part import CUT_MARKER, part_of, walk
 from response_compaction._part_index import index_document
 
 _ENCODE = msgspec.json.Encoder(order="sorted").encode
@@ -150,3 +150,41 @@ def test_layout_path_gives_the_same_parts(
     for where in (pointer, pointer + "/1", ""):
         plain = part_of(data, where, start=start, max_bytes=max_bytes)
         assert part_of(node, where, start=start, max_bytes=max_bytes) == plain
+
+
+def _walked(data: bytes, tokens: list[str], slack: int) -> bytes | str:
+    try:
+        return bytes(walk(data, tokens, slack=slack)[0])
+    except LookupError as error:
+        return f"LookupError: {error}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=values,
+    pick=st.integers(min_value=0),
+    extra=st.lists(st.sampled_from(["0", "1", "a", "", "01", "~"]), max_size=3),
+)
+def test_a_walk_in_the_decoded_value_finds_what_the_raw_steps_find(
+    value: Any, pick: int, extra: list[str]
+) -> None:
+    """Past its allowance a walk goes on in the decoded value: same node, same LookupError."""
+    data = _ENCODE(value)
+    found = paths(value)
+    tokens = [str(t) for t in found[pick % len(found)]] + extra
+    raw_steps = _walked(data, tokens, slack=1 << 62)
+    assert _walked(data, tokens, slack=-(1 << 62)) == raw_steps
+    if isinstance(raw_steps, bytes) and not extra:
+        assert raw_steps == _ENCODE(node_at(value, found[pick % len(found)]))
+
+
+def test_a_deep_pointer_scans_a_bounded_multiple_of_the_value() -> None:
+    """Each raw step scans its node's subtree: 900 levels into 0.9 MB scanned 810 MB (1.5 s)."""
+    value: Any = "x" * 900_000
+    for level in range(900):
+        value = {"k": value, "n": level} if level % 2 else [level, value]
+    tokens = ["k" if level % 2 else "1" for level in reversed(range(900))]
+    data = _ENCODE(value)
+    node, scanned = walk(data, tokens)
+    assert bytes(node) == _ENCODE("x" * 900_000)
+    assert scanned < 6 * len(data)
