@@ -133,7 +133,7 @@ class OpenAICatalog:
                 **extra,
             )
         except openai.APIStatusError as exc:
-            return _status_reply(exc)
+            return _status_reply(exc, _Echo(request))
         except openai.APIError as exc:
             return RungReply(outcome="error", detail=type(exc).__name__)
         usage = getattr(response, "usage", None)
@@ -142,7 +142,9 @@ class OpenAICatalog:
             "input_tokens": _count(getattr(usage, "prompt_tokens", None)),
             "output_tokens": _count(getattr(usage, "completion_tokens", None)),
             "served_model": served
-            if isinstance(served, str) and _MODEL_NAME.fullmatch(served)
+            if isinstance(served, str)
+            and _MODEL_NAME.fullmatch(served)
+            and not _Echo(request).holds(served)
             else UNSET,
         }
         choices = getattr(response, "choices", None) or []
@@ -170,13 +172,31 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,127}")
 _OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
 
 
-def _status_reply(exc: Any) -> RungReply:
+class _Echo:
+    """Whether a token the server sent back could be an echo of the prompt it was sent.
+
+    A token shaped like a model name or an error code can still be a word of the response
+    (an account id, a host name): one found anywhere in the prompt, in any case, is left out
+    of the receipt. The server saw only the prompt, so a token not in it is not content.
+    """
+
+    def __init__(self, request: SummaryRequest) -> None:
+        self._request = request
+        self._folded: str | None = None
+
+    def holds(self, token: str) -> bool:
+        if self._folded is None:
+            self._folded = (self._request.system + "\n" + self._request.user).casefold()
+        return token.casefold() in self._folded
+
+
+def _status_reply(exc: Any, echo: _Echo) -> RungReply:
     """An HTTP error, classified by status and the server's error type or code (no message)."""
     body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
     inner = body.get("error")
     error: dict[str, Any] = inner if isinstance(inner, dict) else body
     kinds = [v for v in (error.get("type"), error.get("code")) if isinstance(v, str) and v]
-    shown = [k for k in kinds if _IDENTIFIER.fullmatch(k)]
+    shown = [k for k in kinds if _IDENTIFIER.fullmatch(k) and not echo.holds(k)]
     detail = f"HTTP {exc.status_code}" + "".join(f" {k}" for k in shown[:1])
     message = error.get("message")
     overflow = bool(_OVERFLOW_CODES.intersection(kinds)) or (
@@ -184,7 +204,7 @@ def _status_reply(exc: Any) -> RungReply:
         and isinstance(message, str)
         and "maximum context length" in message.lower()
     )
-    if overflow and not kinds:
+    if overflow and not shown:
         detail += " context_length_exceeded"
     shrink: float | UnsetType = UNSET
     needed, limit = error.get("n_prompt_tokens"), error.get("n_ctx")

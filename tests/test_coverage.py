@@ -375,6 +375,30 @@ async def test_error_codes_and_model_names_that_are_not_identifiers_are_left_out
     assert b"4821" not in msgspec.json.encode(compacted.receipt)
 
 
+async def test_error_codes_and_model_names_found_in_the_prompt_are_left_out(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """Identifier-like words of the response echoed back (``event``, ``hit-17``) are not shown.
+
+    Only the receipt's shape was checked: a word of the response that looks like an error
+    code or a model name reached the receipt, in any case.
+    """
+    server.script("a", Status(400, error={"type": "EVENT", "code": "event"}))
+    server.script("b", Reply(content=json.dumps(GOOD), served="xxxxxxxxxx"))
+    async with harness_for(workspace, server, ["a", "b"]) as harness:
+        compacted = await compact(harness, search(3000))
+    first, second = attempts(compacted.receipt)
+    assert (first.error, second.served_model) == ("HTTP 400", msgspec.UNSET)
+    overflow = {"type": "event", "code": "context_length_exceeded"}
+    server.script("c", Status(400, error=overflow))
+    server.script("d", Reply(content=json.dumps(GOOD), served="org/Model-8B"))
+    async with harness_for(workspace, server, ["c", "d"]) as harness:
+        compacted = await compact(harness, search(3000))
+    third, fourth = attempts(compacted.receipt)[-2:]
+    assert third.error == "HTTP 400 context_length_exceeded"
+    assert fourth.served_model == "org/Model-8B"
+
+
 async def test_rungs_and_fallbacks_are_logged_without_content(
     workspace: rc.LocalWorkspace, server: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
