@@ -7,9 +7,12 @@ compacted with :func:`response_compact` and replaced by :meth:`Compacted.to_agen
 proxy adds one tool, ``read_exact`` (from :mod:`response_compaction.mcp`), to read the exact
 value back in bounded parts.
 
+An embedded text resource counts as text: its text is compacted with the text blocks and a
+``resource_link`` to its URI stays in the reply (a 3 MB resource reached the host whole).
 What passes through unchanged: results at or under the threshold, error results
-(``isError``), JSON-RPC errors from the upstream server, non-text content blocks, and
-results that cannot be retained exactly (logged as a warning).
+(``isError``), JSON-RPC errors from the upstream server, images, audio and binary resources
+(a host shows those to its model as media, not as text), and results that cannot be
+retained exactly (logged as a warning).
 What changes: a tool's ``outputSchema`` is not listed, because a compacted result carries
 text in place of structured content and a host would reject it against the schema.
 
@@ -70,7 +73,8 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
     retained is the text: a block that is JSON as its value, any other text as a JSON string
     (several blocks: a list). Structured content is retained instead when there is no text,
     and beside it (``{"content": ..., "structured_content": ...}``) when the text is not its
-    serialization. Non-text blocks stay in the reply. A result that cannot be retained
+    serialization. An embedded text resource is text (its block becomes a link to its URI);
+    other blocks stay in the reply. A result that cannot be retained
     exactly (a lone surrogate, a NaN or nesting too deep in its structured content) is
     passed on as it came, with a warning logged: the call still answers.
     """
@@ -78,7 +82,7 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
     opts = resolve_options(config.options, config.summary_schema)
     if result.is_error:
         return result
-    texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+    texts = [text for block in result.content if (text := _text_of(types, block)) is not None]
     try:
         size = _size(texts, result.structured_content)
     except (ValueError, RecursionError) as exc:  # no JSON holds it (an int of 5,000 digits)
@@ -92,12 +96,34 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
             raise  # the proxy's own configuration (a summary schema, a fallback function)
         return _passed_on(result, exc)
     text = compacted.to_agent_text(read_tool=config.read_tool, max_bytes=config.text_bytes)
-    others = [block for block in result.content if not isinstance(block, types.TextContent)]
+    others = [_left_in_reply(types, block) for block in result.content]
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text), *others],
+        content=[types.TextContent(type="text", text=text), *filter(None, others)],
         is_error=False,
         _meta=result.meta,
     )
+
+
+def _text_of(types: Any, block: Any) -> str | None:
+    """A text block's text, or an embedded text resource's; None for any other block."""
+    if isinstance(block, types.TextContent):
+        return str(block.text)
+    if isinstance(block, types.EmbeddedResource) and isinstance(
+        block.resource, types.TextResourceContents
+    ):
+        return str(block.resource.text)
+    return None
+
+
+def _left_in_reply(types: Any, block: Any) -> Any:
+    """What stays of ``block`` beside the compacted text: itself, a link to it, or nothing."""
+    if _text_of(types, block) is None:
+        return block
+    if isinstance(block, types.EmbeddedResource):
+        uri = block.resource.uri
+        mime = block.resource.mime_type
+        return types.ResourceLink(type="resource_link", uri=uri, name=str(uri), mime_type=mime)
+    return None
 
 
 def _passed_on(result: Any, exc: BaseException) -> Any:

@@ -186,6 +186,26 @@ async def test_structured_content_without_text_is_retained(harness: rc.Harness) 
     assert await stored_value(harness, out.content[0].text) == data
 
 
+async def test_an_embedded_text_resource_is_compacted_as_text(harness: rc.Harness) -> None:
+    """A large embedded text resource went through whole; its text is now retained and cut.
+
+    The reply keeps a link to its URI and any other block as it came.
+    """
+    value = {"rows": [f"line {i} " + "y" * 40 for i in range(4000)]}
+    rows = msgspec.json.encode(value).decode()
+    uri, mime = "file:///logs/a.json", "application/json"
+    text = mt.TextResourceContents(uri=uri, mime_type=mime, text=rows)
+    image = mt.ImageContent(type="image", data="aGk=", mime_type="image/png")
+    resource = mt.EmbeddedResource(type="resource", resource=text)
+    result = mt.CallToolResult(content=[mt.TextContent(type="text", text="see"), resource, image])
+    out = await compact_tool_result(result, config(harness))
+    assert len(out.model_dump_json()) < 20_000
+    link = out.content[1]
+    assert (link.type, str(link.uri), link.mime_type) == ("resource_link", uri, mime)
+    assert out.content[2] == image
+    assert await stored_value(harness, out.content[0].text) == ["see", value]
+
+
 async def test_text_that_is_not_the_structured_content_is_kept_beside_it(
     harness: rc.Harness,
 ) -> None:
