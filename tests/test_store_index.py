@@ -361,3 +361,21 @@ async def test_an_index_with_schema_objects_we_did_not_make_is_refused(
         await rc.response_compact(
             harness, {"rows": [2]}, dict, Summary, {"fallback": FALLBACK, "ladder": "cheap"}
         )
+
+
+@pytest.mark.parametrize("tampering", list(_TAMPERING.values()), ids=list(_TAMPERING))
+async def test_an_index_changed_while_this_process_holds_it_open_is_refused(
+    harness: rc.Harness, tampering: str
+) -> None:
+    """Checked only when opened, an index tampered with meanwhile ran the endless SQL on the
+    next lookup or write (on the loop thread for inline reads); now both are refused."""
+    options = {"fallback": FALLBACK, "ladder": "cheap"}
+    out = await rc.response_compact(harness, {"rows": [1, 2, 3]}, dict, Summary, options)
+    root = store_root(harness.fs)
+    with contextlib.closing(sqlite3.connect(root / "index.sqlite3", isolation_level=None)) as db:
+        db.executescript(tampering)
+    if "VIEW" in tampering:  # triggers run on writes only
+        with pytest.raises(rc.UnsafeStoreError, match="schema objects"):
+            await rc.response_compaction_read_exact(harness, out.receipt.exact_ref, dict)
+    with pytest.raises(rc.UnsafeStoreError, match="schema objects"):
+        await rc.response_compact(harness, {"rows": [2]}, dict, Summary, options)

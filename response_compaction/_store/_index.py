@@ -31,10 +31,13 @@ from ._sqlite import (
     READONLY_CODES,
     IndexBusy,
     busy,
+    check_schema,
     connect,
     connect_read_only,
     identity,
     own_files,
+    refused,
+    schema_version,
 )
 from ._tx import (
     HEX,
@@ -144,6 +147,7 @@ class Index:
         self.path = path
         try:
             self._identity = identity(path)
+            self._schema = schema_version(self._conn)
             self._reader = self._conn if self.read_only else connect(path, schema=False)
             # One cursor per connection, used under that connection's lock: a cursor made per
             # statement cost a small read 0.2 us of its 45.
@@ -202,6 +206,7 @@ class Index:
             self._begin()
             try:
                 self._check_current()
+                self._check_schema()
                 if on_loop:
                     self._check_unsynced()
                 tx = Transaction(self._conn)
@@ -211,15 +216,28 @@ class Index:
                 self._check_current()
                 self._conn.execute("COMMIT")
                 self._witness.written(witnessed)
-            except BaseException:
+            except BaseException as exc:
                 # SQLite may have rolled back already (a full disk during COMMIT does): a
                 # second ROLLBACK would replace the real error with "no transaction is active".
                 if self._conn.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         self._conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error) and (unsafe := refused(exc, self.path)):
+                    raise unsafe from exc
                 raise
         finally:
             self._set_back(after)
+
+    def _check_schema(self) -> None:
+        """Check the schema again if any connection changed it since (UnsafeStoreError).
+
+        Under the write lock nobody else changes it until the commit: a trigger of ours
+        rewritten meanwhile (its name is allowed by the authorizer) is found before it runs.
+        """
+        version = schema_version(self._conn)
+        if version != self._schema:
+            check_schema(self._conn, self.path)
+            self._schema = version
 
     def _set(self, statements: tuple[str, ...]) -> None:
         self._unsettled = True  # until every one has run
@@ -310,9 +328,11 @@ class Index:
             raise IndexBusy
         try:
             return cursor.execute(sql, args).fetchall()
-        except sqlite3.OperationalError as exc:
+        except sqlite3.DatabaseError as exc:
             if busy(exc):
                 raise IndexBusy from exc
+            if unsafe := refused(exc, self.path):
+                raise unsafe from exc
             raise
         finally:
             lock.release()

@@ -22,10 +22,13 @@ __all__ = [
     "READONLY_CODES",
     "IndexBusy",
     "busy",
+    "check_schema",
     "connect",
     "connect_read_only",
     "identity",
     "own_files",
+    "refused",
+    "schema_version",
 ]
 
 #: The longest a worker thread waits inside SQLite for a lock before giving the event loop back.
@@ -68,6 +71,9 @@ _OBJECTS = frozenset((statement.split()[1].lower(), statement.split()[5]) for st
 _TRIGGERS = frozenset(
     statement.replace(" IF NOT EXISTS", "") for statement in _SCHEMA if "TRIGGER" in statement
 )
+_TRIGGER_NAMES = frozenset(name for kind, name in _OBJECTS if kind == "trigger")
+_SQLITE_AUTH = 23
+_UNSAFE = "store index has schema objects this library did not make"
 
 
 class IndexBusy(Exception):  # noqa: N818 - a signal to retry, not an error anyone sees
@@ -147,20 +153,48 @@ def connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
                     conn.execute("ROLLBACK")
                 raise
         if schema:
-            _check_schema(conn, path)
+            check_schema(conn, path)
+        conn.set_authorizer(_authorize)
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-def _check_schema(conn: sqlite3.Connection, path: str) -> None:
+def check_schema(conn: sqlite3.Connection, path: str) -> None:
     """Refuse an index whose schema holds objects this library did not make (UnsafeStoreError)."""
     found = conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
     objects = {(kind, name) for kind, name, _ in found}
     triggers = {sql for kind, _, sql in found if kind == "trigger"}
     if objects != _OBJECTS or triggers != _TRIGGERS:
-        raise UnsafeStoreError("store index has schema objects this library did not make", path)
+        raise UnsafeStoreError(_UNSAFE, path)
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The number SQLite bumps on every schema change, by any connection."""
+    (version,) = conn.execute("PRAGMA schema_version").fetchone()
+    return int(version)
+
+
+def _authorize(
+    action: int, _1: str | None, _2: str | None, _db: str | None, source: str | None
+) -> int:
+    """Deny SQL run on behalf of a view or a trigger not ours, and any recursive query.
+
+    A schema changed while a connection is open (by another process) is not checked again
+    by :func:`check_schema`; SQLite prepares our statements again, and this sees what they
+    would run: a view put in place of a table, a trigger added, an endless recursive query.
+    """
+    if action == sqlite3.SQLITE_RECURSIVE:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK if source is None or source in _TRIGGER_NAMES else sqlite3.SQLITE_DENY
+
+
+def refused(exc: sqlite3.Error, path: str) -> UnsafeStoreError | None:
+    """The :class:`UnsafeStoreError` for a statement the authorizer denied, else None."""
+    if getattr(exc, "sqlite_errorcode", None) == _SQLITE_AUTH:
+        return UnsafeStoreError(_UNSAFE, path)
+    return None
 
 
 def connect_read_only(path: str) -> sqlite3.Connection:
@@ -173,4 +207,10 @@ def connect_read_only(path: str) -> sqlite3.Connection:
         conn = sqlite3.connect(
             uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False
         )
+    try:
+        check_schema(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    conn.set_authorizer(_authorize)
     return conn
