@@ -16,7 +16,8 @@ sees the cache layout and never gets more than the server's ``max_bytes`` in one
 The tool takes ``{"exact_ref": "rc1:...", "pointer"?, "start"?, "stop"?, "max_bytes"?}``.
 A found part answers with a header line and the part's JSON as text, and
 ``{"state": "found", "part": {...}}`` as structured content (the :class:`Part` fields, with
-``value`` and not ``json``); ``{"state": "missing"}`` and ``{"state": "broken", "detail"}``
+``value`` and not ``json``; without ``value`` when it nests more than
+:data:`STRUCTURED_DEPTH` levels); ``{"state": "missing"}`` and ``{"state": "broken", "detail"}``
 as before. A malformed pointer or a pointer that names nothing is a tool error. Text and
 structured content together never exceed ``max_bytes``. ``response-compaction mcp`` serves a
 server with only this tool on stdio (:func:`serve_stdio`).
@@ -51,6 +52,10 @@ R = TypeVar("R")
 #: The read-back's body: exact_ref, pointer, start, stop, max_bytes.
 ReadBody = Callable[[str, str, int | None, int | None, int | None], Awaitable[R]]
 
+#: A found part's ``value`` is in the structured content only when it nests at most this
+#: deep: hosts' JSON parsers stop near 128 levels (serde_json) or 200 (the SDK's own client,
+#: which then never answered the call: a 200-deep value hung it). Deeper, only the text has it.
+STRUCTURED_DEPTH = 100
 #: What one reply may hold, text and structured content together, unless the host says.
 DEFAULT_MAX_BYTES = 100_000
 #: Room kept in a reply for everything but the part's JSON (twice: text and structured).
@@ -81,9 +86,22 @@ def read_result_as_dict(result: Found[Any] | Missing | Broken) -> dict[str, Any]
     if isinstance(result, Found) and isinstance(result.value, Part):
         part: dict[str, Any] = msgspec.to_builtins(result.value)
         del part["json"]
+        if _deeper_than(part["value"], STRUCTURED_DEPTH):
+            del part["value"]  # in the text only
         return {"state": "found", "part": part}
     out: dict[str, Any] = msgspec.to_builtins(result)
     return out
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and dicts more than ``limit`` levels deep."""
+    level, depth = [value], 0
+    while level := [v for v in level if isinstance(v, list | dict)]:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [item for v in level for item in (v.values() if isinstance(v, dict) else v)]
+    return False
 
 
 def part_header(part: Part) -> str:

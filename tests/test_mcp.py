@@ -12,7 +12,7 @@ from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 
 import response_compaction as rc
-from response_compaction.mcp import add_read_exact_tool, create_server
+from response_compaction.mcp import STRUCTURED_DEPTH, add_read_exact_tool, create_server
 from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
@@ -80,6 +80,34 @@ async def test_stdio_server_found_missing_broken(tmp_path: Path) -> None:
         malformed = await call(client, "../etc/passwd")
         assert malformed["state"] == "broken"
         assert "malformed exact_ref" in malformed["detail"]
+
+
+async def test_stdio_answers_a_value_nested_beyond_what_hosts_parse(tmp_path: Path) -> None:
+    """A 300-deep value got "Internal server error" (the SDK's serializer stops near 250), and
+    a 200-deep one hung the SDK's client (its parser stops at 200 and never answers the call).
+    Deeper than STRUCTURED_DEPTH, the value is in the text only."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    refs = {}
+    for depth in (STRUCTURED_DEPTH, 200, 300):
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
+        refs[depth] = (out.receipt.exact_ref, msgspec.json.encode(value).decode())
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "response_compaction", "mcp", "--root", str(tmp_path)],
+        env={"PYTHONPATH": str(REPO)},
+    )
+    async with Client(params) as client:
+        for depth, (ref, text) in refs.items():
+            result = await client.call_tool("read_exact", {"exact_ref": ref})
+            assert not result.is_error
+            assert result.content[0].text.endswith("\n" + text)
+            assert isinstance(result.structured_content, dict)
+            part = result.structured_content["part"]
+            assert part["complete"] is True
+            assert ("value" in part) is (depth <= STRUCTURED_DEPTH)
 
 
 async def test_host_adds_the_tool_to_its_own_server(tmp_path: Path) -> None:
