@@ -4,7 +4,8 @@
 a context overflow gets one smaller retry on the same rung (its own attempt, ``call="retry"``).
 ``"full"`` maps record-aligned chunks (at most ``max_model_calls`` calls in all, a few at a
 time) and reduces the part summaries that arrived; when the map phase runs out of its share
-of the budget the reduce says which records no part covered. Every call is one ``Attempt``;
+of the budget the reduce says which records no part covered (no record fits a map prompt:
+one sampled prompt). Every call is one ``Attempt``;
 a call cut off by ``rung_timeout_ms`` or the budget is recorded as ``timeout``. One record per
 call goes to the ``response_compaction`` logger at DEBUG, without content.
 """
@@ -306,12 +307,9 @@ async def _ask(
         if final:
             run.result.value, run.result.route = value, route
             run.result.covered = view.covered
-        run.result.shown = max(view.covered, _int(run.result.shown))
+        shown = run.result.shown
+        run.result.shown = max(view.covered, shown if isinstance(shown, int) else 0)
     return outcome, reply, value
-
-
-def _int(value: int | UnsetType) -> int:
-    return value if isinstance(value, int) else 0
 
 
 def _record(run: _Run, attempt: Attempt) -> None:
@@ -334,7 +332,9 @@ async def _full(run: _Run, pv: ProfiledValue, deadline: float) -> FallbackReason
     budget = min(run.budget(r) for r in run.routes)
     if pv.profile.exact_bytes <= budget * 6 // 10:  # all of it fits one prompt, profile too
         return await _one_prompt(run)
-    planned, _too_big = chunks(pv, budget, run.options.max_model_calls - 1)
+    calls, size = run.options.max_model_calls - 1, pv.profile.exact_bytes
+    if not (planned := (await off_loop(chunks, pv, budget, calls, size=size))[0]):
+        return await _one_prompt(run)
     parts: dict[int, tuple[Chunk, bytes]] = {}
     reason: FallbackReason = "error"
     for route in run.routes:

@@ -246,6 +246,18 @@ async def test_full_coverage_respects_max_model_calls_and_says_what_it_missed(
     assert 0 < covered < compacted.receipt.exact_bytes
 
 
+async def test_full_coverage_with_every_record_too_big_for_a_prompt_asks_one_sampled_prompt(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """No record fitted a map prompt: the fallback came back with 0 model calls."""
+    server.script("m", summary_reply(GOOD))
+    async with harness_for(workspace, server, ["m"], context_tokens={"m": 4096}) as harness:
+        compacted = await compact(harness, search(40, msg_len=20_000), coverage="full")
+    assert compacted.output.kind == "summarized"
+    assert [(a.call, a.outcome) for a in attempts(compacted.receipt)] == [(msgspec.UNSET, "ok")]
+    assert "$.hits" in user_prompt(server.bodies("m")[0])
+
+
 async def test_a_map_call_that_overflows_is_retried_on_half_its_records(
     workspace: rc.LocalWorkspace, server: FakeOpenAI
 ) -> None:
