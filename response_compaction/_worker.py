@@ -99,7 +99,8 @@ def _whole(request: dict[str, Any]) -> dict[str, Any]:
     keywords = request["check"]
     check = functools.partial(check_trusted, **keywords)
     work = functools.partial(_WHOLE_WORK[request["op"]], **request["args"])
-    state, payload = on_entry(request["root"], keywords["kind"], keywords["key"], check, work)
+    where = (request["root"], keywords["kind"], keywords["key"], request["size"])
+    state, payload = on_entry(where, check, work)
     if state == "raised":
         tag = RAISED.get(type(payload))
         if tag is None:  # raised again by the caller's own thread, as it would be there

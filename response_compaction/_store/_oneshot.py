@@ -288,12 +288,18 @@ def read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
         with os.fdopen(fd, "rb", buffering=0) as file:
             return file.readall()
     try:
-        return _read_bounded(fd, st.st_size, limit)
+        return read_limited(fd, limit, st.st_size)
+    finally:
+        os.close(fd)
+
+
+def read_limited(fd: int, limit: int, st_size: int = -1) -> bytes:
+    """At most ``limit + 1`` bytes of the open regular file ``fd``, which stays open."""
+    try:
+        return _read_bounded(fd, os.fstat(fd).st_size if st_size < 0 else st_size, limit)
     except MemoryError:
         # A planted sparse file as large as a forged row claims: unreadable, not a crash.
         raise OSError(errno.ENOMEM, "the entry is too large to read into memory") from None
-    finally:
-        os.close(fd)
 
 
 def _read_bounded(fd: int, st_size: int, limit: int) -> bytes:

@@ -34,6 +34,7 @@ from .._models import Broken, Missing
 from .._perf import paused_gc
 from . import _indexes
 from ._fileio import FileBackend
+from ._oneshot import read_limited
 from ._paths import Kind, NotRegularFileError, open_entry
 from ._verify import check_trusted, opened_layout
 
@@ -97,7 +98,8 @@ async def get_checked(
         result: T | Missing | Broken | ValueError
         with map_errors(f"could not read the {kind} entry"):
             if whole is not None and not spans and row.size >= WHOLE_WORK_BYTES:
-                result = await in_pool_or_thread(backend, store.root, kind, key, check, whole)
+                where = (store.root, kind, key, row.size)
+                result = await in_pool_or_thread(backend, where, check, whole)
             else:
                 data = await store._read_entry(kind, key, row.size)
                 if isinstance(data, (Missing, Broken)):
@@ -146,9 +148,7 @@ async def overlap_check(
 
 async def in_pool_or_thread(
     backend: FileBackend,
-    root: str,
-    kind: Kind,
-    key: str,
+    where: tuple[str, Kind, str, int],
     check: partial[None],
     whole: WholeWork[T],
 ) -> T | Missing | Broken:
@@ -160,10 +160,11 @@ async def in_pool_or_thread(
     """
     # ``check`` is ``partial(check_trusted, ...)``: its keywords (the trusted digest and the
     # store's key) go with the request, so the worker checks exactly what this process would.
-    request = {"op": whole.op, "args": whole.args, "root": root, "check": check.keywords}
-    reply = await _pool.call(request)
+    root, kind, _, size = where
+    request = {"op": whole.op, "args": whole.args, "root": root, "size": size}
+    reply = await _pool.call(request | {"check": check.keywords})
     if reply is _pool.NOT_DONE:
-        outcome = await backend.run(on_entry, root, kind, key, check, whole.local)
+        outcome = await backend.run(on_entry, where, check, whole.local)
     else:
         outcome = _from_reply(reply, whole)
     state, payload = outcome
@@ -200,15 +201,19 @@ def _from_reply(reply: dict[str, Any], whole: WholeWork[T]) -> tuple[str, Any]:
 
 
 def on_entry(
-    root: str, kind: Kind, key: str, check: Check, work: Callable[[bytes], Any]
+    where: tuple[str, Kind, str, int], check: Check, work: Callable[[bytes], Any]
 ) -> tuple[str, Any]:
     """Blocking (a pool worker, or a thread here): what happened, as plain data.
+
+    ``where`` is the root, kind, key and the row's size: at most one byte more is read (a
+    file grown since, to a sparse terabyte, fails its check instead of a ``MemoryError``).
 
     ``("ok", result)``, ``("raised", exc)``, ``("missing", None)``, ``("broken", detail)`` or
     ``("oserror", (errno, reason))``. The bytes are hashed in a second thread (hashlib lets
     go of the GIL) while ``work`` runs; ``work``'s result or exception counts only when they
     verify.
     """
+    root, kind, key, size = where
     try:
         fd = open_entry(root, kind, key)
     except FileNotFoundError:
@@ -220,8 +225,12 @@ def on_entry(
             return "broken", "is a symlink; refusing to follow it"
         # Sent as plain data: a worker's reply carries no exception objects.
         return "oserror", (exc.errno, exc.strerror or type(exc).__name__)
-    with os.fdopen(fd, "rb", buffering=0) as file:
-        data = file.readall()
+    try:
+        data = read_limited(fd, size)
+    except OSError as exc:
+        return "oserror", (exc.errno, exc.strerror or type(exc).__name__)
+    finally:
+        os.close(fd)
     # The work builds no cycles; a collection over a freshly decoded document only costs.
     with paused_gc(), concurrent.futures.ThreadPoolExecutor(1) as pool:
         checked = pool.submit(check, data)
