@@ -46,6 +46,8 @@ T = TypeVar("T")
 MAP_CONCURRENCY = 4
 #: Values smaller than this are profiled and sampled on the event loop (about 10 ms).
 INLINE_BYTES = 96_000
+#: Bytes of wording around the head of a value (205 for 11-digit sizes): budgets leave room.
+HEAD_WORDING = 224
 #: The share of what is left of the budget the map phase may use; the reduce gets the rest.
 MAP_SHARE = 0.7
 
@@ -130,10 +132,11 @@ class _Run:
         )
 
     def budget(self, route: str) -> int:
+        head = self.options.coverage == "head"  # room for its wording beside shown_bytes
         return prompt_bytes(
             context_tokens=context_limit(self.model, route),
             token_bound=self.options.token_bound,
-            shown_bytes=self.options.shown_bytes,
+            shown_bytes=self.options.shown_bytes + (HEAD_WORDING if head else 0),
             system=system_prompt(self.options.instructions),
         )
 
@@ -231,11 +234,9 @@ def _rung_scope(options: CompactionOptions[Any]) -> anyio.CancelScope:
 async def _view(run: _Run, budget: int) -> View:
     source = run.source
     if run.options.coverage == "head" or run.pv is None:
-        # shown_bytes is the bound unless the route's context is tighter (then leave room
-        # for the wording around the cut).
-        limit = run.options.shown_bytes
-        if budget < limit:
-            limit = max(0, budget - 200)
+        # shown_bytes is the bound unless the route's context is tighter (the budget has
+        # room for the wording around the cut).
+        limit = min(run.options.shown_bytes, max(0, budget - HEAD_WORDING))
         shown = source.data[: min(limit, len(source.data))]
         if len(shown) < source.total:
             shown = shown[: len(shown.decode("utf-8", "ignore").encode())]

@@ -23,6 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import response_compaction as rc
+from response_compaction._ladder import HEAD_WORDING
+from response_compaction._prompt import prompt_bytes, system_prompt
 from tests.fake_openai import FakeOpenAI, Reply, Status, fake_openai, summary_reply
 from tests.schemas import FALLBACK, Summary
 
@@ -244,6 +246,24 @@ async def test_full_coverage_respects_max_model_calls_and_says_what_it_missed(
     covered = compacted.receipt.covered_bytes
     assert isinstance(covered, int)
     assert 0 < covered < compacted.receipt.exact_bytes
+
+
+@pytest.mark.parametrize("under", [0, 60, 150, 400])
+async def test_a_head_near_the_context_fit_leaves_room_for_its_wording(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, under: int
+) -> None:
+    """shown_bytes just under what the context fits: the head and its wording went ~190
+    bytes past the fit. Now the prompt stays within it and shows shown_bytes when it can."""
+    fit = prompt_bytes(
+        context_tokens=4096, token_bound=1024, shown_bytes=1 << 30, system=system_prompt("")
+    )
+    shown = fit - under
+    server.script("m", summary_reply(GOOD))
+    async with harness_for(workspace, server, ["m"], context_tokens={"m": 4096}) as harness:
+        compacted = await compact(harness, search(3000), coverage="head", shown_bytes=shown)
+    assert len(user_prompt(server.bodies("m")[0]).encode()) <= fit
+    covered = compacted.receipt.covered_bytes
+    assert covered == (shown if under >= HEAD_WORDING else fit - HEAD_WORDING)
 
 
 async def test_full_coverage_with_every_record_too_big_for_a_prompt_asks_one_sampled_prompt(
