@@ -308,8 +308,9 @@ async def _ask(
         if final:
             run.result.value, run.result.route = value, route
             run.result.covered = view.covered
-        shown = run.result.shown
-        run.result.shown = max(view.covered, shown if isinstance(shown, int) else 0)
+        shown = run.result.shown if isinstance(run.result.shown, int) else 0
+        # A reduce prompt holds part summaries: its covered bytes were in the map prompts.
+        run.result.shown = shown if call == "reduce" else max(view.covered, shown)
     return outcome, reply, value
 
 

@@ -246,6 +246,11 @@ async def test_full_coverage_respects_max_model_calls_and_says_what_it_missed(
     covered = compacted.receipt.covered_bytes
     assert isinstance(covered, int)
     assert 0 < covered < compacted.receipt.exact_bytes
+    # The largest single prompt's bytes of the value (it was the reduce's total, covered).
+    maps = [len(user_prompt(body).encode()) for body in server.bodies("m")[:-1]]
+    shown = compacted.receipt.shown_bytes
+    assert isinstance(shown, int)
+    assert 0 < shown <= max(maps) < covered
 
 
 @pytest.mark.parametrize("under", [0, 60, 150, 400])
