@@ -21,7 +21,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from ._encoding import ENCODER
-from ._refusals import duplicate_key_path, type_nodes
+from ._refusals import duplicate_key_path, nodes, type_nodes
 
 __all__ = ["NodeBudgetSpentError", "canonical_raws", "may_hold_raw"]
 
@@ -145,19 +145,10 @@ def _canonical_raw(raw: msgspec.Raw) -> msgspec.Raw:
 
 def _first_bad(value: Any) -> tuple[str, str]:
     """The path of the first ``Raw`` :func:`_canonical_raw` refuses, and why (a rare walk)."""
-    stack: list[tuple[Any, str]] = [(value, "$")]
-    while stack:
-        item, path = stack.pop()
+    for item, path in nodes(value):
         if isinstance(item, msgspec.Raw):
             try:
                 _canonical_raw(item)
             except _BadRawError as bad:
                 return path, bad.reason
-        elif isinstance(item, dict):
-            stack.extend((v, f"{path}[...]") for v in reversed(item.values()))
-        elif isinstance(item, list | tuple):
-            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
-        elif isinstance(item, msgspec.Struct):
-            names = list(zip(item.__struct_fields__, item.__struct_encode_fields__, strict=True))
-            stack.extend((getattr(item, name), f"{path}.{code}") for name, code in reversed(names))
     return "$", "could not be checked"

@@ -28,11 +28,12 @@ __all__ = [
     "is_refusal",
     "keys_may_merge",
     "merged_key_path",
+    "nodes",
     "refused",
     "type_nodes",
 ]
 
-_SCALARS = (bool, int, bytes, bytearray, memoryview, msgspec.Raw, type(None))
+_LEAVES = (str, float, bool, int, bytes, bytearray, memoryview, msgspec.Raw, type(None))
 
 
 def first_problem(value: Any) -> str | None:
@@ -41,38 +42,48 @@ def first_problem(value: Any) -> str | None:
     Reasons: a NaN or infinite float (as a value or a key), a string or key that is not valid
     Unicode (a lone surrogate), and two keys of one mapping that become the same JSON string.
     """
-    stack: list[tuple[Any, str]] = [(value, "$")]
-    while stack:
-        item, path = stack.pop()
+    for item, path in nodes(value):
         if isinstance(item, str):
             if not _is_unicode(item):
                 return f"a string that is not valid Unicode (a lone surrogate) at `{path}`"
         elif isinstance(item, float):
             if not math.isfinite(item):
                 return f"NaN or infinity at `{path}`"
-        elif isinstance(item, _SCALARS):
-            continue
         elif isinstance(item, dict):
             problem = _key_problem(item, path)
             if problem is not None:
                 return problem
-            stack.extend((v, f"{path}[...]") for v in item.values())
+    return None
+
+
+def nodes(value: Any) -> Iterator[tuple[Any, str]]:
+    """Every node of ``value`` with its path, in document order (iterative: no depth limit).
+
+    Goes into mappings (their values), sequences, sets, structs (by encoded field name) and
+    what msgspec would encode any other object as (an enum, a dataclass, a datetime).
+    """
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    while stack:
+        item, path = stack.pop()
+        yield item, path
+        if isinstance(item, _LEAVES):
+            continue
+        if isinstance(item, dict):
+            stack.extend((v, f"{path}[...]") for v in reversed(item.values()))
         elif isinstance(item, list | tuple):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
         elif isinstance(item, set | frozenset):
             stack.extend((v, f"{path}[...]") for v in item)
         elif isinstance(item, msgspec.Struct):
-            names = zip(item.__struct_fields__, item.__struct_encode_fields__, strict=True)
-            stack.extend((getattr(item, name), f"{path}.{encoded}") for name, encoded in names)
+            names = list(zip(item.__struct_fields__, item.__struct_encode_fields__, strict=True))
+            stack.extend((getattr(item, name), f"{path}.{code}") for name, code in reversed(names))
         else:
-            # Enums, dataclasses, datetimes...: look at them the way msgspec will encode them.
             try:
                 builtins = msgspec.to_builtins(item, enc_hook=_raw_as_null)
             except (TypeError, ValueError):
                 continue  # the encoder refuses these itself, with a type name
             if builtins is not item:
                 stack.append((builtins, path))
-    return None
 
 
 def _key_problem(mapping: dict[Any, Any], path: str) -> str | None:
