@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
+from mcp.types import TextContent
 
 import response_compaction as rc
 from response_compaction.mcp import STRUCTURED_DEPTH, add_read_exact_tool, create_server
@@ -103,6 +104,7 @@ async def test_stdio_answers_a_value_nested_beyond_what_hosts_parse(tmp_path: Pa
         for depth, (ref, text) in refs.items():
             result = await client.call_tool("read_exact", {"exact_ref": ref})
             assert not result.is_error
+            assert isinstance(result.content[0], TextContent)
             assert result.content[0].text.endswith("\n" + text)
             assert isinstance(result.structured_content, dict)
             part = result.structured_content["part"]
