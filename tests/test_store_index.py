@@ -17,7 +17,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction._errors import map_errors
-from response_compaction._store import ROOT_NAME, _index, _indexes, open_store
+from response_compaction._store import ROOT_NAME, _index, _indexes, _sqlite, open_store
 from response_compaction._store._paths import prepare_root
 from response_compaction._store._tx import LOOKUP
 from tests._store_support import hex_of, index_settings, store_root
@@ -339,6 +339,15 @@ _TAMPERING = {
     # One of ours with its body replaced.
     "replaced trigger": "DROP TRIGGER entries_added; CREATE TRIGGER entries_added AFTER INSERT"
     " ON entries BEGIN " + _ENDLESS + "; END",
+    # The table remade with a costly generated column: every read of a row ran it. Its
+    # indexes and triggers are made again as they were, so only the table's SQL differs.
+    "remade table": "DROP TABLE entries; "
+    + _sqlite._SCHEMA[0].replace(
+        "layout BLOB,", "layout BLOB, slow AS (length(printf('%.*c', 100000000, 'x'))),"
+    )
+    + "; "
+    + "; ".join(s for s in _sqlite._SCHEMA if " ON entries " in s)
+    + ";",
 }
 
 

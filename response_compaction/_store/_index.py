@@ -147,7 +147,9 @@ class Index:
         self.path = path
         try:
             self._identity = identity(path)
-            self._schema = schema_version(self._conn)
+            # Not read here: a change between connect's check and this read would pass as
+            # checked. The first write transaction checks, under the write lock.
+            self._schema = -1
             self._reader = self._conn if self.read_only else connect(path, schema=False)
             # One cursor per connection, used under that connection's lock: a cursor made per
             # statement cost a small read 0.2 us of its 45.

@@ -7,7 +7,9 @@ the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import os
 import sqlite3
 import stat
@@ -64,14 +66,10 @@ _SCHEMA = (
 )
 #: The schema object created last: an index that has it has every one.
 _LAST = "clocks_seen"
-#: (type, name) of every schema object, and the text of each trigger, as SQLite keeps them. A
-#: view in place of a table, or a trigger of someone else's, runs its SQL inside our
-#: statements: an endless recursive one hung every read and write (adversarial review).
 _OBJECTS = frozenset((statement.split()[1].lower(), statement.split()[5]) for statement in _SCHEMA)
-_TRIGGERS = frozenset(
-    statement.replace(" IF NOT EXISTS", "") for statement in _SCHEMA if "TRIGGER" in statement
-)
 _TRIGGER_NAMES = frozenset(name for kind, name in _OBJECTS if kind == "trigger")
+#: ``entries`` as the first release made it: opening such an index adds the writer column.
+_FIRST_ENTRIES = _SCHEMA[0].replace("layout BLOB, writer TEXT,", "layout BLOB,")
 _SQLITE_AUTH = 23
 _UNSAFE = "store index has schema objects this library did not make"
 
@@ -161,13 +159,45 @@ def connect(path: str, *, schema: bool = True) -> sqlite3.Connection:
     return conn
 
 
-def check_schema(conn: sqlite3.Connection, path: str) -> None:
-    """Refuse an index whose schema holds objects this library did not make (UnsafeStoreError)."""
-    found = conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
-    objects = {(kind, name) for kind, name, _ in found}
-    triggers = {sql for kind, _, sql in found if kind == "trigger"}
-    if objects != _OBJECTS or triggers != _TRIGGERS:
+def check_schema(conn: sqlite3.Connection, path: str, *, complete: bool = True) -> None:
+    """Refuse an index whose schema this library did not make (:class:`UnsafeStoreError`).
+
+    Every object's SQL must be ours, as SQLite keeps it: a view in place of a table, a trigger
+    of someone else's, one of ours rewritten, a table remade with a costly generated column or
+    CHECK runs its SQL inside our statements (an endless recursive one hung every read and
+    write: adversarial review). ``complete=False`` (a read-only index, which nobody brings up
+    to date) lets an index of an older build lack the object created last.
+    """
+    found = {(kind, name): sql for kind, name, sql in conn.execute(_LIST_SCHEMA)}
+    known = _known_sql()
+    missing = known.keys() - found.keys()
+    if (
+        any(known.get(item) is None or sql not in known[item] for item, sql in found.items())
+        or (missing and (complete or missing != {("index", _LAST)}))
+    ):  # fmt: skip
         raise UnsafeStoreError(_UNSAFE, path)
+
+
+_LIST_SCHEMA = "SELECT type, name, sql FROM sqlite_master"
+
+
+@functools.cache
+def _known_sql() -> dict[tuple[str, str], frozenset[str]]:
+    """The SQL SQLite keeps for each of our objects, made afresh or brought up to date.
+
+    SQLite rewrites a table's text when a column is added: the first release's ``entries``
+    is made and given the writer column here, as opening such an index does.
+    """
+    with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as fresh:
+        for statement in _SCHEMA:
+            fresh.execute(statement)
+        known = {(kind, name): {sql} for kind, name, sql in fresh.execute(_LIST_SCHEMA)}
+    with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as first:
+        first.execute(_FIRST_ENTRIES)
+        first.execute("ALTER TABLE entries ADD COLUMN writer TEXT")
+        for kind, name, sql in first.execute(_LIST_SCHEMA):
+            known[(kind, name)].add(sql)
+    return {item: frozenset(texts) for item, texts in known.items()}
 
 
 def schema_version(conn: sqlite3.Connection) -> int:
@@ -208,7 +238,7 @@ def connect_read_only(path: str) -> sqlite3.Connection:
             uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False
         )
     try:
-        check_schema(conn, path)
+        check_schema(conn, path, complete=False)
     except BaseException:
         conn.close()
         raise
