@@ -16,9 +16,9 @@ sees the cache layout and never gets more than the server's ``max_bytes`` in one
 The tool takes ``{"exact_ref": "rc1:...", "pointer"?, "start"?, "stop"?, "max_bytes"?}``.
 A found part answers with a header line and the part's JSON as text, and
 ``{"state": "found", "part": {...}}`` as structured content (the :class:`Part` fields, with
-``value`` and not ``json``; without ``value`` when it nests more than
-:data:`STRUCTURED_DEPTH` levels); ``{"state": "missing"}`` and ``{"state": "broken", "detail"}``
-as before. A malformed pointer or a pointer that names nothing is a tool error. Text and
+``value`` and not ``json``; ``value_omitted: true`` in place of a ``value`` that nests more
+than :data:`STRUCTURED_DEPTH` levels); ``{"state": "missing"}`` and ``{"state": "broken",
+"detail"}`` as before. A malformed pointer or a pointer that names nothing is a tool error. Text and
 structured content together never exceed ``max_bytes``. ``response-compaction mcp`` serves a
 server with only this tool on stdio (:func:`serve_stdio`).
 
@@ -86,8 +86,6 @@ def read_result_as_dict(result: Found[Any] | Missing | Broken) -> dict[str, Any]
     if isinstance(result, Found) and isinstance(result.value, Part):
         part: dict[str, Any] = msgspec.to_builtins(result.value)
         del part["json"]
-        if _deeper_than(part["value"], STRUCTURED_DEPTH):
-            del part["value"]  # in the text only
         return {"state": "found", "part": part}
     out: dict[str, Any] = msgspec.to_builtins(result)
     return out
@@ -228,6 +226,10 @@ def _error(types: Any, message: str) -> Any:
 def _reply(types: Any, result: Found[Any] | Missing | Broken) -> Any:
     structured = read_result_as_dict(result)
     if isinstance(result, Found) and isinstance(result.value, Part):
+        part = structured["part"]
+        if _deeper_than(part["value"], STRUCTURED_DEPTH):  # the text has it
+            structured["part"] = {k: v for k, v in part.items() if k != "value"}
+            structured["part"]["value_omitted"] = True
         text = part_header(result.value) + "\n" + result.value.json
     else:
         text = msgspec.json.encode(structured).decode()

@@ -388,6 +388,17 @@ async def test_json_string_naming_a_key_twice_is_kept_as_the_string(
     assert stored == text
 
 
+async def test_read_back_of_a_deeply_nested_value_holds_the_value(compactor: Compactor) -> None:
+    """The MCP reply's depth cut once applied here too: 150 levels read back with no value."""
+    value: Any = {"leaf": 1}
+    for _ in range(150):
+        value = [value]
+    match = REF.search(await compactor.compact(value))
+    assert match is not None
+    answer = msgspec.json.decode(await compactor.read(match.group(0)))
+    assert answer["part"]["value"] == value
+
+
 async def test_whole_read_back_reply_fits_the_cap(compactor: Compactor) -> None:
     """The reply, with its fields and the echoed pointer, never exceeds max_bytes (async, sync)."""
     small = Compactor(harness=compactor.harness, max_bytes=1000)

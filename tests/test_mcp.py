@@ -110,6 +110,7 @@ async def test_stdio_answers_a_value_nested_beyond_what_hosts_parse(tmp_path: Pa
             part = result.structured_content["part"]
             assert part["complete"] is True
             assert ("value" in part) is (depth <= STRUCTURED_DEPTH)
+            assert part.get("value_omitted", False) is (depth > STRUCTURED_DEPTH)
 
 
 async def test_host_adds_the_tool_to_its_own_server(tmp_path: Path) -> None:
