@@ -175,19 +175,38 @@ _OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_err
 class _Echo:
     """Whether a token the server sent back could be an echo of the prompt it was sent.
 
-    A token shaped like a model name or an error code can still be a word of the response
-    (an account id, a host name): one found anywhere in the prompt, in any case, is left out
-    of the receipt. The server saw only the prompt, so a token not in it is not content.
+    A token shaped like a model name or an error code can still hold words of the response
+    (an account id, a name): one found in the prompt, in any case, is left out of the
+    receipt, and so is one with a word of four or more characters that is a word of the
+    prompt (``acct_4821_not_found``), unless it is a word error codes are made of. The
+    server saw only the prompt, so a token none of whose words are in it is not content.
     """
 
     def __init__(self, request: SummaryRequest) -> None:
-        self._request = request
-        self._folded: str | None = None
+        self._text = request.system + "\n" + request.user
+        self._words: set[str] | None = None
 
     def holds(self, token: str) -> bool:
-        if self._folded is None:
-            self._folded = (self._request.system + "\n" + self._request.user).casefold()
-        return token.casefold() in self._folded
+        if token.casefold() in self._text.casefold():
+            return True
+        pieces = {p.casefold() for p in _WORD.findall(token) if len(p) >= 4} - _CODE_WORDS
+        if not pieces:
+            return False
+        if self._words is None:  # only now: a prompt of 100 KB takes milliseconds
+            self._words = {w.casefold() for w in _WORD.findall(self._text)}
+        return not pieces.isdisjoint(self._words)
+
+
+#: Words (CamelCase parts too) and the words error codes and types are made of.
+_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
+_CODE_TEXT = """
+    error errors exception invalid request requests context length exceeded exceed size rate
+    limit quota insufficient server internal timeout model found supported unsupported
+    authentication permission denied overloaded unavailable parameter content filter json
+    schema value type tokens token maximum service gateway unprocessable entity conflict
+    forbidden unauthorized prompt input output format response missing required unknown
+"""
+_CODE_WORDS = frozenset(_CODE_TEXT.split())
 
 
 def _status_reply(exc: Any, echo: _Echo) -> RungReply:

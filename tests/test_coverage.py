@@ -420,13 +420,13 @@ async def test_error_codes_and_model_names_found_in_the_prompt_are_left_out(
     Only the receipt's shape was checked: a word of the response that looks like an error
     code or a model name reached the receipt, in any case.
     """
-    server.script("a", Status(400, error={"type": "EVENT", "code": "event"}))
+    server.script("a", Status(400, error={"type": "EVENT", "code": "acct_Event_not_found"}))
     server.script("b", Reply(content=json.dumps(GOOD), served="xxxxxxxxxx"))
     async with harness_for(workspace, server, ["a", "b"]) as harness:
         compacted = await compact(harness, search(3000))
     first, second = attempts(compacted.receipt)
     assert (first.error, second.served_model) == ("HTTP 400", msgspec.UNSET)
-    overflow = {"type": "event", "code": "context_length_exceeded"}
+    overflow = {"type": "event", "code": "context_length_exceeded"}  # a code word: shown
     server.script("c", Status(400, error=overflow))
     server.script("d", Reply(content=json.dumps(GOOD), served="org/Model-8B"))
     async with harness_for(workspace, server, ["c", "d"]) as harness:
