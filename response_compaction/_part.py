@@ -149,11 +149,11 @@ def walk(data: Node, tokens: Sequence[str], *, slack: int = _SCAN_SLACK) -> tupl
     linear decode, paid for in memory, and the node found is encoded again (canonical bytes
     decode and encode to themselves). ``slack`` is added to that allowance.
     """
-    node, scanned, allowance, by_value = data, 0, -1, True
+    node, scanned, allowance, by_value = data, 0, None, True
     for depth, token in enumerate(tokens):
         if not isinstance(node, BigArray | RootObject):
             size = _size(node)
-            allowance = _SCAN_FACTOR * size + slack if allowance < 0 else allowance
+            allowance = _SCAN_FACTOR * size + slack if allowance is None else allowance
             scanned += size
             if by_value and scanned > allowance and depth + 1 < len(tokens):
                 try:

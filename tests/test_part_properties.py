@@ -169,16 +169,21 @@ def _walked(data: bytes, tokens: list[str], slack: int) -> bytes | str:
     value=values,
     pick=st.integers(min_value=0),
     extra=st.lists(st.sampled_from(["0", "1", "a", "", "01", "~"]), max_size=3),
+    share=st.floats(min_value=0, max_value=5),
 )
 def test_a_walk_in_the_decoded_value_finds_what_the_raw_steps_find(
-    value: Any, pick: int, extra: list[str]
+    value: Any, pick: int, extra: list[str], share: float
 ) -> None:
-    """Past its allowance a walk goes on in the decoded value: same node, same LookupError."""
+    """Past its allowance a walk goes on in the decoded value: same node, same LookupError.
+
+    The allowance is ``share`` times the value's size: the switch happens at any depth.
+    """
     data = _ENCODE(value)
     found = paths(value)
     tokens = [str(t) for t in found[pick % len(found)]] + extra
     raw_steps = _walked(data, tokens, slack=1 << 62)
-    assert _walked(data, tokens, slack=-(1 << 62)) == raw_steps
+    slack = int(share * len(data)) - 4 * len(data)
+    assert _walked(data, tokens, slack=slack) == raw_steps
     if isinstance(raw_steps, bytes) and not extra:
         assert raw_steps == _ENCODE(node_at(value, found[pick % len(found)]))
 
