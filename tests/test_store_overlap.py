@@ -194,6 +194,26 @@ def _helper_threads(pool: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == f"response-compaction-{pool}"]
 
 
+_STUCK_AT_EXIT = """
+import os, threading
+from response_compaction._store import _aside
+os.fsync = lambda fd: threading.Event().wait()  # a disk that never answers (the fsync seam)
+_aside.EXIT_WAIT_SECONDS = 0.2
+_aside.Aside(_aside.fsync, 0)  # queued to a helper thread, never waited for
+"""
+
+
+def test_a_helper_stuck_in_a_disk_wait_does_not_hold_the_process_at_exit() -> None:
+    """The exit handler joined every helper without a bound: a hung fsync hung the exit."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STUCK_AT_EXIT],
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0
+
+
 def test_aside_helpers_stay_within_their_bound_and_are_reused() -> None:
     """A pool runs at most MAX_THREADS jobs at once (the rest wait their turn), then reuses them."""
     pool = f"test-{secrets.token_hex(4)}"

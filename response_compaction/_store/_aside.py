@@ -30,12 +30,22 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import msgspec.structs
 
-__all__ = ["MAX_THREADS", "Aside", "begun", "free_in_slices", "fsync", "let_go"]
+__all__ = [
+    "EXIT_WAIT_SECONDS",
+    "MAX_THREADS",
+    "Aside",
+    "begun",
+    "free_in_slices",
+    "fsync",
+    "let_go",
+]
 
 T = TypeVar("T")
 
 #: Helper threads at most (each runs one task at a time; they exit with the interpreter).
 MAX_THREADS = 4
+#: How long the exit handler waits for the helpers' queued jobs, all told.
+EXIT_WAIT_SECONDS = 10.0
 
 _lock = threading.Lock()
 
@@ -125,16 +135,20 @@ def _stop_helpers() -> None:
     exit handlers run (they would wait for jobs forever); here they finish what was queued and
     end, so nothing of ours is left running. An :class:`Aside` made after this runs in its
     caller. Registered at import: it runs after the handlers of anything imported later, such
-    as ``sync``'s, which may still store something.
+    as ``sync``'s, which may still store something. A thread stuck longer than
+    ``EXIT_WAIT_SECONDS`` in a disk wait (a hung network file system) is left to end with the
+    interpreter: whoever waited for its job has returned or is failing, and no receipt was
+    handed for it; waiting on held the process open forever.
     """
     global _stopped
     with _lock:
         _stopped = True
         threads = [t for helpers in _helpers.values() if helpers.pid == os.getpid()
                    for t in helpers.stop()]  # fmt: skip
+    deadline = time.monotonic() + EXIT_WAIT_SECONDS
     for thread in threads:
         with contextlib.suppress(RuntimeError):  # not started yet: it ends on its own None
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _helpers_of(name: str) -> _Helpers:
