@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from ._encoding import line_safe
 from ._pydantic import plain_hook
 
 __all__ = ["MIN_TEXT_BYTES", "agent_json", "agent_text"]
@@ -29,13 +30,6 @@ MIN_TEXT_BYTES = 1024
 # Pydantic schemas give pydantic outputs (also inside lists): shown by alias, as stored.
 _ENCODE = msgspec.json.Encoder(order="sorted", enc_hook=plain_hook).encode
 _LABELS = {"exact": "value", "summarized": "summary", "fallback": "fallback"}
-# JSON leaves these unescaped, and str.splitlines (and some hosts) break lines at them: a
-# value holding "\u2028exact_ref: ..." read as a line of its own. Escaped, the JSON is equal.
-_LINE_BREAKS = (
-    (b"\xc2\x85", b"\\u0085"),
-    (b"\xe2\x80\xa8", b"\\u2028"),
-    (b"\xe2\x80\xa9", b"\\u2029"),
-)
 
 
 def _facts(compacted: Any, read_tool: str) -> dict[str, Any]:
@@ -105,9 +99,7 @@ def agent_text(compacted: Any, *, read_tool: str = "read_exact", max_bytes: int 
     room = max_bytes - len(head.encode()) - 1 - len(tail.encode())
     if room < 64:
         raise ValueError("max_bytes is too small for the reference and the read-more line")
-    body = _ENCODE(compacted.output.value)
-    for raw, escaped in _LINE_BREAKS:
-        body = body.replace(raw, escaped)
+    body = line_safe(_ENCODE(compacted.output.value))  # a value cannot start a line
     if len(body) > room:
 
         def marker(shown: int) -> str:  # not str.format: the tool's name may hold braces

@@ -15,7 +15,7 @@ import msgspec
 
 from ._refusals import first_problem
 
-__all__ = ["ENCODER", "RefusedError", "TooDeepError", "encode_checked"]
+__all__ = ["ENCODER", "RefusedError", "TooDeepError", "encode_checked", "line_safe"]
 
 ENCODER = msgspec.json.Encoder(order="sorted")
 # A float64 in msgpack is 0xcb + 8 big-endian bytes; NaN and +-inf have all exponent bits set.
@@ -26,6 +26,22 @@ _MSGPACK = msgspec.msgpack.Encoder()
 _NULL = re.compile(rb"null")
 #: A suspicious scan of a longer list is narrowed to its suspicious parts before any walk.
 _NARROW_ITEMS = 64
+# JSON leaves U+0085, U+2028 and U+2029 unescaped, and str.splitlines (and some hosts) break
+# lines at them: JSON shown in a text of lines could start a line of its own.
+_LINE_BREAKS = (
+    (b"\xc2\x85", b"\\u0085"),
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+)
+
+
+def line_safe(data: bytes) -> bytes:
+    """``data`` (JSON) with its line-breaking characters escaped: the same value, one line."""
+    if b"\xc2\x85" not in data and b"\xe2\x80" not in data:
+        return data
+    for raw, escaped in _LINE_BREAKS:
+        data = data.replace(raw, escaped)
+    return data
 
 
 class RefusedError(ValueError):

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
+from ._encoding import line_safe
 from ._part_index import BigArray, Node, RootObject
 
 __all__ = [
@@ -43,7 +44,13 @@ _LIST = msgspec.json.Decoder(list[Raw])
 _DICT = msgspec.json.Decoder(dict[str, Raw])
 _ANY = msgspec.json.Decoder()
 _STR = msgspec.json.Decoder(str)
-_ENCODE = msgspec.json.Encoder(order="sorted").encode
+_CANONICAL = msgspec.json.Encoder(order="sorted").encode
+
+
+def _ENCODE(value: Any) -> bytes:  # noqa: N802 - the encoder of what a part shows
+    return line_safe(_CANONICAL(value))
+
+
 #: A pointer's walk scans at most about this many times the first node it decodes (see walk).
 _SCAN_FACTOR = 4
 _SCAN_SLACK = 1 << 16
@@ -63,8 +70,9 @@ _KINDS = {
 class Part(Struct, frozen=True, kw_only=True):
     """A bounded view of the node at ``pointer`` in an exact value.
 
-    ``json`` is the JSON shown (its UTF-8 size is at most the ``max_bytes`` asked for) and
-    ``value`` is that JSON decoded to builtins. ``complete`` is True when the whole node is
+    ``json`` is the JSON shown (its UTF-8 size is at most the ``max_bytes`` asked for; U+2028,
+    U+2029 and U+0085 written as JSON escapes, so it is one line) and ``value`` is that JSON
+    decoded to builtins. ``complete`` is True when the whole node is
     shown. ``total_bytes`` is the node's canonical size and ``total_items`` its array length
     or object key count (``UNSET`` for scalars and strings). For arrays and objects
     ``start``/``stop`` is the window of items shown (object members count in key order);
@@ -182,7 +190,7 @@ def _by_value(node: Node, tokens: Sequence[str], depth: int) -> bytes:
         if not isinstance(value, dict | list):
             raise LookupError(f"pointer goes below a {_kind_of(value)} at depth {level + 1}")  # noqa: TRY004 - the contract: names nothing
         value = _child(value, token, level)
-    return _ENCODE(value)
+    return _CANONICAL(value)
 
 
 def _child(container: Mapping[str, _T] | Sequence[_T], token: str, depth: int) -> _T:
@@ -246,7 +254,8 @@ def _json_if_within(node: Node, room: int) -> bytes | None:
     """The node's JSON when it is at most ``room`` bytes, without copying one that is not."""
     if _size(node) > room:
         return None
-    return node.raw_bytes() if isinstance(node, BigArray) else bytes(_flat(node))
+    data = line_safe(node.raw_bytes() if isinstance(node, BigArray) else bytes(_flat(node)))
+    return data if len(data) <= room else None
 
 
 @dataclass(slots=True)
