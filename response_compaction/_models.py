@@ -114,9 +114,9 @@ class Attempt(Struct, frozen=True, kw_only=True, omit_defaults=True):
     kept and a count that was not reported is ``UNSET`` (omitted when encoded), never 0.
     ``error`` is the content-free cause of a failed call (``"HTTP 400 exceed_context_size_error"``
     or an exception class name); ``served_model`` is the model the server says answered. An
-    error code or model name that occurs in the prompt sent, or holds a word of it (other
-    than the words error codes are made of), is left out: a server echoing the prompt would
-    carry response content into the receipt.
+    error code or model name that occurs in the prompt sent, or holds a word of four or more
+    characters found in its text (other than the words error codes are made of), is left
+    out: a server echoing the prompt would carry response content into the receipt.
     ``call`` says what the call was for when it was not the plain one-prompt summary:
     ``"retry"`` (a smaller prompt after a context overflow), ``"map"`` or ``"reduce"``
     (``coverage="full"``).

@@ -420,7 +420,8 @@ async def test_error_codes_and_model_names_found_in_the_prompt_are_left_out(
     Only the receipt's shape was checked: a word of the response that looks like an error
     code or a model name reached the receipt, in any case.
     """
-    server.script("a", Status(400, error={"type": "EVENT", "code": "acct_Event_not_found"}))
+    # "xxxx" is no word of the prompt, only part of one ("x" * 40): still an echo of it.
+    server.script("a", Status(400, error={"type": "acct_Event_not_found", "code": "xxxx_gone"}))
     server.script("b", Reply(content=json.dumps(GOOD), served="xxxxxxxxxx"))
     async with harness_for(workspace, server, ["a", "b"]) as harness:
         compacted = await compact(harness, search(3000))
