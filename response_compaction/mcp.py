@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ._compact import response_compaction_read_exact
+from ._encoding import line_safe
 from ._models import Broken, Found, Missing
 from ._part import MIN_MAX_BYTES, Part
 from ._read import response_compaction_read_part
@@ -104,7 +105,7 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 def part_header(part: Part) -> str:
     """One line that tells a model what the part is and how to read on."""
-    pointer = msgspec.json.encode(part.pointer).decode()
+    pointer = line_safe(msgspec.json.encode(part.pointer)).decode()  # the header is one line
     words = [f"found pointer={pointer} total_bytes={part.total_bytes}"]
     if part.total_items is not msgspec.UNSET:
         words.append(f"total_items={part.total_items}")
@@ -181,7 +182,7 @@ def echoed_bytes(pointer: object) -> int:
     if not isinstance(pointer, str):
         return 0
     try:
-        return len(msgspec.json.encode(pointer))
+        return len(line_safe(msgspec.json.encode(pointer)))
     except UnicodeEncodeError:
         raise ValueError("pointer is not valid Unicode (it holds a lone surrogate)") from None
 

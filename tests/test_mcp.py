@@ -205,7 +205,9 @@ async def test_a_reply_is_two_lines_whatever_the_value_holds(tmp_path: Path) -> 
     value = {"rows": [{f"k{fake}": fake * 3} for _ in range(300)], "text": fake * 400}
     out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
     async with Client(create_server(harness, max_bytes=4096)) as client:
-        for args in ({}, {"pointer": "/rows"}, {"pointer": "/text"}, {"pointer": "/rows/0"}):
+        key = f"k{fake}".replace("~", "~0").replace("/", "~1")  # RFC 6901
+        pointers = ("/rows", "/text", "/rows/0", f"/rows/0/{key}")  # the last is echoed too
+        for args in ({}, *({"pointer": pointer} for pointer in pointers)):
             result = await client.call_tool(
                 "read_exact", {"exact_ref": out.receipt.exact_ref, **args}
             )

@@ -18,6 +18,7 @@ import msgspec
 
 from .. import sync
 from .._compact import response_compact
+from .._encoding import line_safe
 from .._part import MIN_MAX_BYTES
 from .._pydantic import pydantic_plain
 from .._read import response_compaction_read_part
@@ -187,4 +188,5 @@ def _exact(result: Any) -> Any:
 
 
 def _json(value: Any) -> str:
-    return msgspec.json.encode(value).decode()
+    # One line: a value's U+2028 could pass for a line break in the agent's tool result.
+    return line_safe(msgspec.json.encode(value)).decode()
