@@ -138,7 +138,8 @@ def _stop_helpers() -> None:
     as ``sync``'s, which may still store something. A thread stuck longer than
     ``EXIT_WAIT_SECONDS`` in a disk wait (a hung network file system) is left to end with the
     interpreter: whoever waited for its job has returned or is failing, and no receipt was
-    handed for it; waiting on held the process open forever.
+    handed for it; waiting on held the process open forever. (A ``sync`` call still in flight
+    at exit waits for its own jobs first, without this bound.)
     """
     global _stopped
     with _lock:

@@ -68,8 +68,6 @@ _SCHEMA = (
 _LAST = "clocks_seen"
 _OBJECTS = frozenset((statement.split()[1].lower(), statement.split()[5]) for statement in _SCHEMA)
 _TRIGGER_NAMES = frozenset(name for kind, name in _OBJECTS if kind == "trigger")
-#: ``entries`` as the first release made it: opening such an index adds the writer column.
-_FIRST_ENTRIES = _SCHEMA[0].replace("layout BLOB, writer TEXT,", "layout BLOB,")
 _SQLITE_AUTH = 23
 _UNSAFE = "store index has schema objects this library did not make"
 
@@ -172,7 +170,7 @@ def check_schema(conn: sqlite3.Connection, path: str, *, complete: bool = True) 
     known = _known_sql()
     missing = known.keys() - found.keys()
     if (
-        any(known.get(item) is None or sql not in known[item] for item, sql in found.items())
+        any(known.get(item) != sql or sql is None for item, sql in found.items())
         or (missing and (complete or missing != {("index", _LAST)}))
     ):  # fmt: skip
         raise UnsafeStoreError(_UNSAFE, path)
@@ -182,22 +180,16 @@ _LIST_SCHEMA = "SELECT type, name, sql FROM sqlite_master"
 
 
 @functools.cache
-def _known_sql() -> dict[tuple[str, str], frozenset[str]]:
-    """The SQL SQLite keeps for each of our objects, made afresh or brought up to date.
+def _known_sql() -> dict[tuple[str, str], str]:
+    """The SQL SQLite keeps for each of our objects, as it keeps it (made in memory once).
 
-    SQLite rewrites a table's text when a column is added: the first release's ``entries``
-    is made and given the writer column here, as opening such an index does.
+    An ``entries`` made without the writer column and given it by :func:`connect` has the
+    same text (SQLite puts the column where this schema has it).
     """
     with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as fresh:
         for statement in _SCHEMA:
             fresh.execute(statement)
-        known = {(kind, name): {sql} for kind, name, sql in fresh.execute(_LIST_SCHEMA)}
-    with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as first:
-        first.execute(_FIRST_ENTRIES)
-        first.execute("ALTER TABLE entries ADD COLUMN writer TEXT")
-        for kind, name, sql in first.execute(_LIST_SCHEMA):
-            known[(kind, name)].add(sql)
-    return {item: frozenset(texts) for item, texts in known.items()}
+        return {(kind, name): sql for kind, name, sql in fresh.execute(_LIST_SCHEMA)}
 
 
 def schema_version(conn: sqlite3.Connection) -> int:
