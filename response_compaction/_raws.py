@@ -21,7 +21,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from ._encoding import ENCODER
-from ._refusals import duplicate_key_path, nodes, type_nodes
+from ._refusals import duplicate_key_path, nodes, path_of, type_nodes
 
 __all__ = ["NodeBudgetSpentError", "canonical_raws", "may_hold_raw"]
 
@@ -145,10 +145,10 @@ def _canonical_raw(raw: msgspec.Raw) -> msgspec.Raw:
 
 def _first_bad(value: Any) -> tuple[str, str]:
     """The path of the first ``Raw`` :func:`_canonical_raw` refuses, and why (a rare walk)."""
-    for item, path in nodes(value):
+    for item, where in nodes(value):
         if isinstance(item, msgspec.Raw):
             try:
                 _canonical_raw(item)
             except _BadRawError as bad:
-                return path, bad.reason
+                return path_of(where), bad.reason
     return "$", "could not be checked"

@@ -29,6 +29,7 @@ __all__ = [
     "keys_may_merge",
     "merged_key_path",
     "nodes",
+    "path_of",
     "refused",
     "type_nodes",
 ]
@@ -42,66 +43,85 @@ def first_problem(value: Any) -> str | None:
     Reasons: a NaN or infinite float (as a value or a key), a string or key that is not valid
     Unicode (a lone surrogate), and two keys of one mapping that become the same JSON string.
     """
-    for item, path in nodes(value):
+    for item, where in nodes(value):
         if isinstance(item, str):
-            if not _is_unicode(item):
-                return f"a string that is not valid Unicode (a lone surrogate) at `{path}`"
+            problem = (
+                None
+                if _is_unicode(item)
+                else "a string that is not valid Unicode (a lone surrogate)"
+            )
         elif isinstance(item, float):
-            if not math.isfinite(item):
-                return f"NaN or infinity at `{path}`"
+            problem = None if math.isfinite(item) else "NaN or infinity"
         elif isinstance(item, dict):
-            problem = _key_problem(item, path)
-            if problem is not None:
-                return problem
+            problem = _key_problem(item)
+        else:
+            continue
+        if problem is not None:
+            return f"{problem} at `{path_of(where)}`"
     return None
 
 
-def nodes(value: Any) -> Iterator[tuple[Any, str]]:
-    """Every node of ``value`` with its path, in document order (iterative: no depth limit).
+#: Where a node is: ``"$"``, or (where its container is, its index or ``"[...]"`` or
+#: ``".field"``). Made per node instead of the path's text, which is made only when asked for.
+Where = str | tuple[Any, int | str]
+
+
+def nodes(value: Any) -> Iterator[tuple[Any, Where]]:
+    """Every node of ``value`` and where it is, in document order (iterative: no depth limit).
 
     Goes into mappings (their values), sequences, sets, structs (by encoded field name) and
     what msgspec would encode any other object as (an enum, a dataclass, a datetime).
     """
-    stack: list[tuple[Any, str]] = [(value, "$")]
+    stack: list[tuple[Any, Where]] = [(value, "$")]
     while stack:
-        item, path = stack.pop()
-        yield item, path
+        item, where = stack.pop()
+        yield item, where
         if isinstance(item, _LEAVES):
             continue
         if isinstance(item, dict):
-            stack.extend((v, f"{path}[...]") for v in reversed(item.values()))
+            member = (where, "[...]")  # one for every value: the path never names a key
+            stack.extend([(v, member) for v in reversed(item.values())])
         elif isinstance(item, list | tuple):
-            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
+            stack.extend([(item[i], (where, i)) for i in range(len(item) - 1, -1, -1)])
         elif isinstance(item, set | frozenset):
-            stack.extend((v, f"{path}[...]") for v in item)
+            stack.extend([(v, (where, "[...]")) for v in item])
         elif isinstance(item, msgspec.Struct):
             names = list(zip(item.__struct_fields__, item.__struct_encode_fields__, strict=True))
-            stack.extend((getattr(item, name), f"{path}.{code}") for name, code in reversed(names))
+            stack.extend([(getattr(item, n), (where, "." + c)) for n, c in reversed(names)])
         else:
             try:
                 builtins = msgspec.to_builtins(item, enc_hook=_raw_as_null)
             except (TypeError, ValueError):
                 continue  # the encoder refuses these itself, with a type name
             if builtins is not item:
-                stack.append((builtins, path))
+                stack.append((builtins, where))
 
 
-def _key_problem(mapping: dict[Any, Any], path: str) -> str | None:
+def path_of(where: Where) -> str:
+    """The path :func:`nodes` said a node is at: ``$.field[3][...]``."""
+    steps: list[str] = []
+    while isinstance(where, tuple):
+        where, step = where
+        steps.append(f"[{step}]" if isinstance(step, int) else step)
+    return "$" + "".join(reversed(steps))
+
+
+def _key_problem(mapping: dict[Any, Any]) -> str | None:
     keys: list[Any] = list(mapping)
     if not all(type(k) is str for k in keys):
         for key in keys:
             if isinstance(key, float) and not math.isfinite(key):
-                return f"NaN or infinity as a key of the object at `{path}`"
+                return "NaN or infinity as a key of the object"
         try:
             # The same conversion the encoder applies to non-str keys.
             keys = list(msgspec.to_builtins(dict.fromkeys(keys), str_keys=True))
         except (TypeError, ValueError):
-            return f"a key JSON cannot express in the object at `{path}`"
+            return "a key JSON cannot express in the object"
         if len(keys) != len(mapping):
-            return f"two keys that are the same JSON string in the object at `{path}`"
+            return "two keys that are the same JSON string in the object"
     for key in keys:
         if isinstance(key, str) and not _is_unicode(key):
-            return f"a key that is not valid Unicode (a lone surrogate) in the object at `{path}`"
+            return "a key that is not valid Unicode (a lone surrogate) in the object"
     return None
 
 
