@@ -48,11 +48,11 @@ def may_hold_raw(schema: Any, *, raw_input: bool) -> bool:
     where the schema names one; any other input may carry one wherever the schema says Any.
     """
     try:
-        nodes = list(type_nodes(mi.type_info(schema)))
+        types = list(type_nodes(mi.type_info(schema)))
     except (TypeError, ValueError):
         return True  # a schema msgspec cannot describe: look
     kinds = (mi.RawType,) if raw_input else (mi.RawType, mi.AnyType)
-    return any(isinstance(node, kinds) for node in nodes)
+    return any(isinstance(node, kinds) for node in types)
 
 
 def canonical_raws(value: Any, budget: int | None = None) -> Any:

@@ -23,6 +23,7 @@ from ._digest import digest_hex
 from ._part import part_of
 from ._pool import receive, resolve, send
 from ._slices import decode_layout
+from ._store._oneshot import read_limited
 from ._store._partial import RAISED, on_entry
 from ._store._paths import FILE_FLAGS
 from ._store._verify import (
@@ -73,10 +74,10 @@ def _hashed(path: str, size: int, schema: Any, key: bytes) -> tuple[dict[str, An
     constant time; it is never in an error or a receipt.
     """
     fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
-    with os.fdopen(fd, "rb", buffering=0) as file:
-        data = file.read(size + 1)  # one byte more tells that the file grew
-        while len(data) <= size and (chunk := file.read(size + 1 - len(data))):
-            data += chunk  # a read may come back short (a signal, some file systems)
+    try:
+        data = read_limited(fd, size)  # one byte more tells that the file grew
+    finally:
+        os.close(fd)
     if len(data) != size:
         return {"problem": "the bytes read back are not as long as those written",
                 "digest": None}, None  # fmt: skip
