@@ -139,7 +139,10 @@ Node = bytes | memoryview | Raw | BigArray | RootObject
 
 
 async def index_document(
-    data: bytes, spans: Sequence[Span], hex_digest: str, checkpoint: Callable[[], Awaitable[None]]
+    data: bytes | memoryview,
+    spans: Sequence[Span],
+    hex_digest: str,
+    checkpoint: Callable[[], Awaitable[None]],
 ) -> Node:
     """The document as a node whose large arrays can be read in slices, or ``data`` itself.
 
@@ -221,7 +224,9 @@ def _span_of(array: BigArray, node: Node) -> Span:
     return Span(name, array.start, array.end, array.slices)
 
 
-def _root_object(data: bytes, spans: Sequence[Span], arrays: list[BigArray]) -> RootObject | None:
+def _root_object(
+    data: bytes | memoryview, spans: Sequence[Span], arrays: list[BigArray]
+) -> RootObject | None:
     ordered = sorted(zip(spans, arrays, strict=True), key=lambda pair: pair[0].start)
     parts: list[bytes | memoryview] = []
     view = memoryview(data)

@@ -21,6 +21,7 @@ from ._refs import MalformedRefError, parse_exact_ref
 from ._store import open_store
 from ._store._fileio import current_backend
 from ._store._partial import WholeWork, get_checked
+from ._store._reading import Data
 
 __all__ = ["response_compaction_read_part"]
 
@@ -58,7 +59,7 @@ async def response_compaction_read_part(
         return Broken(detail=str(error))
     store = await open_store(harness.fs)
 
-    async def work(data: bytes, spans: tuple[Span, ...]) -> tuple[Node | None, Part]:
+    async def work(data: Data, spans: tuple[Span, ...]) -> tuple[Node | None, Part]:
         node = await index_document(data, spans, parsed.hex, anyio.lowlevel.checkpoint)
 
         def cut() -> Part:
@@ -115,7 +116,7 @@ def _whole_part(
         "max_bytes": max_bytes,
     }
 
-    def local(data: bytes) -> tuple[Node | None, Part]:
+    def local(data: Data) -> tuple[Node | None, Part]:
         return None, part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)
 
     def from_reply(encoded: bytes) -> tuple[Node | None, Part]:

@@ -159,7 +159,7 @@ def _list_decoder(list_type: Any) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(list_type)
 
 
-def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | None:
+def _plan(data: bytes | memoryview, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | None:
     if not spans:
         return None
     cuts: list[_Cut] = []
@@ -190,11 +190,11 @@ def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | Non
     return cuts
 
 
-def _tiles(data: bytes, span: Span) -> bool:
+def _tiles(data: bytes | memoryview, span: Span) -> bool:
     start, end, slices = span.start, span.end, span.slices
     if not slices or not (0 <= start < end <= len(data)):
         return False
-    if data[start : start + 1] + data[end - 1 : end] != (b"{}" if span.mapping else b"[]"):
+    if bytes((data[start], data[end - 1])) != (b"{}" if span.mapping else b"[]"):
         return False
     expected = start + 1
     for a, b in slices:
@@ -207,7 +207,10 @@ def _tiles(data: bytes, span: Span) -> bool:
 
 
 async def decode_sliced(
-    data: bytes, schema: Any, spans: tuple[Span, ...], checkpoint: Callable[[], Awaitable[None]]
+    data: bytes | memoryview,
+    schema: Any,
+    spans: tuple[Span, ...],
+    checkpoint: Callable[[], Awaitable[None]],
 ) -> Any:
     """Decode ``data`` against ``schema``, slice by slice where the layout allows.
 
@@ -304,7 +307,7 @@ def _placed_where_named(view: memoryview, ordered: list[_Cut]) -> bool:
 
 
 def share_decodes(
-    data: bytes, schema: Any, spans: tuple[Span, ...], share: int, shares: int
+    data: bytes | memoryview, schema: Any, spans: tuple[Span, ...], share: int, shares: int
 ) -> list[Any] | None:
     """Share ``share`` (of ``shares``) of a sliced decode of ``data``: what it decoded, or None.
 

@@ -29,7 +29,8 @@ from response_compaction._digest import digest_hex
 from response_compaction._store._aside import SLICE_ITEMS, free_in_slices, let_go
 from response_compaction._store._medium import MEDIUM_BYTES
 from response_compaction._store._turns import storing
-from response_compaction._store._verify import DECODE_BESIDE_BYTES, checked_decode, verify_path
+from response_compaction._store._verify import DECODE_BESIDE_BYTES, checked_decode
+from response_compaction._worker import verify_path
 from tests._store_support import (
     TEST_KEY,
     canonical,

@@ -40,6 +40,7 @@ from ._paths import (
     unlink_quietly,
     valid_name,
 )
+from ._reading import Data, read_limited
 from ._tree import Tree, tree
 from ._verify import check_digest
 
@@ -67,10 +68,6 @@ SMALL_BYTES = 256 << 10
 #: us less at the minimum, the tenth percentile and the median; even at 16 KB; the helper
 #: gains from 64 KB, where the checks take longer than its overhead).
 CHECK_HERE_BYTES = 16 << 10
-
-
-#: The most one read asks for beyond what the file's fstat said it holds.
-_READ_CHUNK = 1 << 20
 
 
 class Put(NamedTuple):
@@ -185,6 +182,8 @@ def stored_as(
         on_disk = read_entry(dirs, kind, key, size)  # a planted huge file: one byte more
     except OSError:
         return None
+    if isinstance(on_disk, memoryview):  # never here: renewals are of up to 2 MiB (_medium)
+        on_disk = bytes(on_disk)  # compared in place below, by memcmp
     return on_disk if _same_bytes(on_disk, pieces) else None
 
 
@@ -267,7 +266,7 @@ def _checked(
     return decode_exact(back, schema)
 
 
-def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
+def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> Data:
     if not valid_name(kind, key):
         raise UnsafeStoreError("not an entry name", kind)
     fan_fd = dirs.fanout(kind, key)
@@ -277,7 +276,7 @@ def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
         os.close(fan_fd)
 
 
-def read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
+def read_regular(name: str, dir_fd: int, limit: int = -1) -> Data:
     """The file's bytes; with a ``limit``, at most ``limit + 1`` of them.
 
     One byte more is enough to tell that a file is longer than its row says (it then fails
@@ -291,37 +290,6 @@ def read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
         return read_limited(fd, limit, st.st_size)
     finally:
         os.close(fd)
-
-
-def read_limited(fd: int, limit: int, st_size: int = -1) -> bytes:
-    """At most ``limit + 1`` bytes of the open regular file ``fd``, which stays open."""
-    try:
-        return _read_bounded(fd, os.fstat(fd).st_size if st_size < 0 else st_size, limit)
-    except MemoryError:
-        # A planted sparse file as large as a forged row claims: unreadable, not a crash.
-        raise OSError(errno.ENOMEM, "the entry is too large to read into memory") from None
-
-
-def _read_bounded(fd: int, st_size: int, limit: int) -> bytes:
-    # ``os.read`` allocates what it is asked for: it is asked for what the fstat says the
-    # file holds (bounded by the row), not for what the row says (2**40: a MemoryError).
-    want = min(limit, st_size or _READ_CHUNK) + 1
-    data = os.read(fd, want)  # small entries: one read (no file object to build)
-    # A regular file's read comes back short at its end, and the fstat said where that is:
-    # no second read to learn it (a system call, 0.4 us of a 45 us small read).
-    if len(data) < want and len(data) >= st_size > 0:
-        return data
-    # Cut short before it (a file that shrank), a size of 0 (some FUSE file systems say so
-    # of any file) or a file longer than its fstat said: read on, in pieces joined once,
-    # until a read comes back empty or there is a byte more than the limit.
-    chunks, got = [data], len(data)
-    while got <= limit:
-        chunk = os.read(fd, min(limit + 1 - got, max(st_size, _READ_CHUNK)))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return data if len(chunks) == 1 else b"".join(chunks)
 
 
 def write_fully(fd: int, data: bytes | memoryview) -> None:

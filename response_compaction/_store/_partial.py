@@ -1,11 +1,14 @@
 """Work on an entry's bytes while they are verified: for readers of a part of a large entry.
 
-:func:`get_checked` is the entry point, a reader's twin of :meth:`Store.get`. Two ways, one
-rule (a result leaves only when the bytes are what the key names: for an exact entry, what
-the reference names):
+:func:`get_checked` is the entry point, a reader's twin of :meth:`Store.get`. Three ways,
+one rule (a result leaves only when the bytes are what the key names: for an exact entry,
+what the reference names):
 
 - :func:`overlap_check`: the bytes are in this process; the digest is checked in a worker
   thread (hashlib lets go of the GIL) while the work runs on the event loop.
+- a large entry with a layout, through the library's own file backends: hashed piece by piece
+  as it is read (``_reading.read_hashed``), and the work (a slice or two) done only on bytes
+  whose digest has passed. Read, then hashed, 90 MB took 50 + 53 ms; hashed as read, 54.
 - :func:`in_pool_or_thread`: for a large entry whose work would hold the GIL for long (one
   msgspec scan of a 90 MB value is ~100 ms): one of the library's pool workers
   (``python -m response_compaction._worker``, never the caller's ``__main__``) opens the
@@ -34,9 +37,9 @@ from .._models import Broken, Missing
 from .._perf import paused_gc
 from . import _indexes
 from ._fileio import FileBackend
-from ._oneshot import read_limited
 from ._paths import Kind, NotRegularFileError, open_entry
-from ._verify import check_trusted, opened_layout
+from ._reading import PAGED_BYTES, Data, read_limited
+from ._verify import check_trusted, check_trusted_digest, opened_layout
 
 if TYPE_CHECKING:
     from . import Store
@@ -51,7 +54,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Check = Callable[[bytes], None]
+Check = Callable[[Data], None]
 
 #: An entry this large without a layout is worked on whole, away from the event loop.
 WHOLE_WORK_BYTES = 8 << 20
@@ -68,7 +71,7 @@ class WholeWork(Generic[T]):
 
     op: str
     args: dict[str, Any]
-    local: Callable[[bytes], T]
+    local: Callable[[Data], T]
     from_reply: Callable[[bytes], T]
 
 
@@ -76,7 +79,7 @@ async def get_checked(
     store: Store,
     kind: Kind,
     key: str,
-    work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
+    work: Callable[[Data, tuple[Span, ...]], Awaitable[T]],
     whole: WholeWork[T] | None,
 ) -> T | Missing | Broken:
     """``work(bytes, layout)`` on one entry, its result only for bytes that verify.
@@ -100,6 +103,12 @@ async def get_checked(
             if whole is not None and not spans and row.size >= WHOLE_WORK_BYTES:
                 where = (store.root, kind, key, row.size)
                 result = await in_pool_or_thread(backend, where, check, whole)
+            elif store._fast and row.size >= PAGED_BYTES:
+                # Hashed as it is read: the work (a slice or two) begins on bytes that verify.
+                got = await store._read_hashed(kind, key, row.size)
+                if isinstance(got, (Missing, Broken)):
+                    return got
+                result = await _checked_first(got, check, spans, work)
             else:
                 data = await store._read_entry(kind, key, row.size)
                 if isinstance(data, (Missing, Broken)):
@@ -113,12 +122,27 @@ async def get_checked(
     return result
 
 
+async def _checked_first(
+    got: tuple[Data, str],
+    check: partial[None],
+    spans: tuple[Span, ...],
+    work: Callable[[Data, tuple[Span, ...]], Awaitable[T]],
+) -> T | ValueError:
+    """``work(data, spans)`` once ``data``'s digest passes ``check``; else what is wrong."""
+    data, found = got
+    try:
+        check_trusted_digest(found, **check.keywords)
+    except ValueError as exc:
+        return exc
+    return await work(data, spans)
+
+
 async def overlap_check(
     backend: FileBackend,
-    data: bytes,
+    data: Data,
     check: Check,
     spans: tuple[Span, ...],
-    work: Callable[[bytes, tuple[Span, ...]], Awaitable[T]],
+    work: Callable[[Data, tuple[Span, ...]], Awaitable[T]],
 ) -> T | ValueError:
     """``work(data, spans)`` while ``data`` is checked: its result, or what is wrong with data.
 
@@ -201,7 +225,7 @@ def _from_reply(reply: dict[str, Any], whole: WholeWork[T]) -> tuple[str, Any]:
 
 
 def on_entry(
-    where: tuple[str, Kind, str, int], check: Check, work: Callable[[bytes], Any]
+    where: tuple[str, Kind, str, int], check: Check, work: Callable[[Data], Any]
 ) -> tuple[str, Any]:
     """Blocking (a pool worker, or a thread here): what happened, as plain data.
 

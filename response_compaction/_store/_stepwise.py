@@ -30,7 +30,16 @@ from ._commit import Publication
 from ._fileio import AsyncBinaryFile, FileBackend, write_all
 from ._group import publish_grouped
 from ._index import CorruptRowError, Index, IndexBusy, Row
-from ._paths import Kind, NotRegularFileError, open_dir, open_fanout, opener, unlink_quietly
+from ._paths import (
+    Kind,
+    NotRegularFileError,
+    open_dir,
+    open_entry,
+    open_fanout,
+    opener,
+    unlink_quietly,
+)
+from ._reading import Data, read_hashed
 from ._turns import cpu_turn
 from ._verify import check_trusted, decoded_value, read_all, seal, sealed_layout, verify_file
 
@@ -262,14 +271,40 @@ class Stepwise:
                 return await read_all(self._backend, key, fan_fd, limit=size + 1)
             finally:
                 os.close(fan_fd)
-        except FileNotFoundError:
-            return Missing()  # evicted by another process between lookup and open
-        except NotRegularFileError as exc:
-            return Broken(detail=f"{kind} entry {exc.strerror}; refusing to read it")
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
-            raise
+            return _unread(kind, exc)
+
+    async def _read_hashed(
+        self, kind: Kind, key: str, size: int
+    ) -> tuple[Data, str] | Missing | Broken:
+        """:meth:`_read_entry` and the bytes' keyed digest, hashed as they are read.
+
+        Only for the library's own file backends: one worker-thread call (``read_hashed``).
+        """
+        try:
+            return await self._backend.run(_entry_hashed, self.root, kind, key, size, self._key)
+        except OSError as exc:
+            return _unread(kind, exc)
+
+
+def _entry_hashed(root: str, kind: Kind, key: str, size: int, secret: bytes) -> tuple[Data, str]:
+    """Blocking: the entry's bytes (at most a byte past ``size``) and their keyed digest."""
+    fd = open_entry(root, kind, key)  # no link followed from the root down
+    try:
+        return read_hashed(fd, size, secret)
+    finally:
+        os.close(fd)
+
+
+def _unread(kind: Kind, exc: OSError) -> Missing | Broken:
+    """Why an entry could not be read, as a read answers it; any other error is raised."""
+    if isinstance(exc, FileNotFoundError):
+        return Missing()  # evicted by another process between lookup and open
+    if isinstance(exc, NotRegularFileError):
+        return Broken(detail=f"{kind} entry {exc.strerror}; refusing to read it")
+    if exc.errno == errno.ELOOP:
+        return Broken(detail=f"{kind} entry is a symlink; refusing to follow it")
+    raise exc
 
 
 async def beside(blocking: Callable[[], Awaitable[object]], work: Callable[[], Awaitable[T]]) -> T:

@@ -21,11 +21,12 @@ from .._models import Broken, Found
 from .._perf import paused_gc
 from .._pydantic import is_pydantic_schema
 from .._refusals import type_nodes
-from .._slices import Sign, decode_sliced, open_layout, seal_layout, share_decodes
+from .._slices import Sign, decode_sliced, open_layout, seal_layout
 from ._aside import Aside
 from ._fileio import FileBackend
 from ._index import Entry
-from ._paths import FILE_FLAGS, Kind, open_entry, regular_opener
+from ._paths import Kind, open_entry, regular_opener
+from ._reading import Data, read_limited
 from ._turns import cpu_turn, next_turn
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "check_entry",
     "check_reply",
     "check_trusted",
+    "check_trusted_digest",
     "checked_decode",
     "decode_beside",
     "decode_outcome",
@@ -45,8 +47,6 @@ __all__ = [
     "seal",
     "sealed_layout",
     "verify_file",
-    "verify_path",
-    "verify_share_path",
 ]
 
 #: Verifying at least this many bytes (when nobody needs the value) runs in a worker process
@@ -79,7 +79,7 @@ class EntryReport:
     detail: str = ""
 
 
-def check_digest(data: bytes, hex_digest: str, size: int, key: bytes) -> None:
+def check_digest(data: Data, hex_digest: str, size: int, key: bytes) -> None:
     """Raise ``ValueError`` unless ``data`` is ``size`` bytes with keyed digest ``hex_digest``."""
     # Says what failed, never facts (a size, a digest) about the bytes found on disk: they
     # may be a foreign file's, and a digest would be an oracle for the store's key.
@@ -89,7 +89,7 @@ def check_digest(data: bytes, hex_digest: str, size: int, key: bytes) -> None:
         raise ValueError("the bytes read back do not match their digest")
 
 
-def checked_decode(data: bytes, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
+def checked_decode(data: Data, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
     """:func:`check_digest` then :func:`decode_exact`, the decode run beside the digest.
 
     Same value and the same errors, in the same order of precedence (a length or digest
@@ -107,7 +107,7 @@ def checked_decode(data: bytes, hex_digest: str, size: int, schema: Any, key: by
     return outcome[0]
 
 
-def decode_beside(data: bytes, schema: Any) -> Aside[tuple[Any] | Exception]:
+def decode_beside(data: Data, schema: Any) -> Aside[tuple[Any] | Exception]:
     """``data`` being decoded against ``schema`` in a helper thread, GC paused.
 
     Asked for just before the caller hashes ``data``: the helper takes the GIL while the
@@ -118,7 +118,7 @@ def decode_beside(data: bytes, schema: Any) -> Aside[tuple[Any] | Exception]:
     return Aside(decode_outcome, data, schema, pool="decode")
 
 
-def decode_outcome(data: bytes, schema: Any) -> tuple[Any] | Exception:
+def decode_outcome(data: Data, schema: Any) -> tuple[Any] | Exception:
     """``(value,)``, or what decoding ``data`` against ``schema`` raised (GC paused)."""
     with paused_gc():  # a young collection over the fresh tree costs more than the decode
         try:
@@ -212,12 +212,17 @@ def opened_layout(
     return open_layout(stored, _layout_signer(secret, kind, key, recorded))
 
 
-def check_trusted(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
+def check_trusted(data: Data, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
     """Raise ``ValueError`` unless ``data`` is what ``key`` names (exact) or was sealed to it."""
+    check_trusted_digest(digest_hex(secret, data), kind, key, recorded, secret)
+
+
+def check_trusted_digest(found: str, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
+    """:func:`check_trusted` of bytes whose keyed digest is ``found``."""
     if kind == "exact":
-        if not matches(secret, data, key):
+        if not hmac.compare_digest(found, key):
             raise ValueError("the bytes do not hash to the reference")
-    elif not hmac.compare_digest(seal(secret, kind, key, digest_hex(secret, data)), recorded):
+    elif not hmac.compare_digest(seal(secret, kind, key, found), recorded):
         raise ValueError("the bytes are not those sealed to this key")
 
 
@@ -239,7 +244,7 @@ async def read_all(
             await file.close()
 
 
-async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> Any:
+async def decoded_value(data: Data, schema: Any, spans: tuple[Span, ...]) -> Any:
     """Decode digest-checked ``data``, in slices when it is large."""
     if len(data) < GC_PAUSE_BYTES:
         return decode_exact(data, schema)
@@ -251,7 +256,7 @@ async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> An
 
 
 async def decoded_in_thread(
-    backend: FileBackend, kind: str, data: bytes, schema: Any, failed: ValueError
+    backend: FileBackend, kind: str, data: Data, schema: Any, failed: ValueError
 ) -> Found[Any] | Broken:
     """Checked ``data`` whose decode raised ``failed``: Broken, or decoded in a thread.
 
@@ -266,7 +271,7 @@ async def decoded_in_thread(
 
 
 async def decoded_beside(
-    backend: FileBackend, data: bytes, schema: Any, spans: tuple[Span, ...],
+    backend: FileBackend, data: Data, schema: Any, spans: tuple[Span, ...],
     check: Callable[[], object],
 ) -> Any:  # fmt: skip
     """:func:`decoded_value` while ``check()`` (a digest check) runs in a helper thread.
@@ -329,56 +334,6 @@ async def verify_file(
     return value if want_value else None
 
 
-def verify_path(
-    path: str, hex_digest: str, size: int, schema: Any, key: bytes
-) -> tuple[str | None, Any]:
-    """In a worker process: read the file back and verify it: (what is wrong or None, value).
-
-    The value is handed back so that the worker frees it after its reply, not before: freeing
-    a decoded tree takes a fifth as long as decoding it (8 ms for 10 MB of short strings).
-    ``OSError`` is left to the caller: "this worker could not do the job", not a verdict.
-    """
-    data = _read_back(path)
-    try:
-        return None, checked_decode(data, hex_digest, size, schema, key)
-    except ValueError as exc:
-        return str(exc), None
-
-
-def verify_share_path(
-    path: str, hex_digest: str, size: int, schema: Any, key: bytes,
-    spans: tuple[Span, ...], share: int, shares: int,
-) -> tuple[bool, Any]:  # fmt: skip
-    """In a worker process: whether one share of the file's sliced decode vouches for it.
-
-    True when the file holds ``size`` bytes with digest ``hex_digest`` and share ``share`` of
-    its sliced decode succeeds (``_slices.share_decodes``); beside it what was decoded, for
-    the worker to free after its reply. Every share checks the digest of the bytes it read
-    itself. False says only that this share could not vouch for the file: a whole
-    verification then says what is wrong, if anything. ``OSError`` is left to the caller,
-    as in :func:`verify_path`.
-    """
-    data = _read_back(path)
-    if len(data) != size:
-        return False, None
-    if not decodes_plainly(schema):  # code of the caller's sees only checked bytes
-        if not matches(key, data, hex_digest):
-            return False, None
-        decoded = share_decodes(data, schema, spans, share, shares)
-        return decoded is not None, decoded
-    deciding = Aside(share_decodes, data, schema, spans, share, shares, pool="decode")
-    intact = matches(key, data, hex_digest)  # hashing lets go of the GIL for the helper
-    decoded = deciding.wait()
-    return intact and decoded is not None, decoded
-
-
-def _read_back(path: str) -> bytes:
-    """In a worker process: all of the temp file at ``path`` (``OSError`` to the caller)."""
-    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
-    with os.fdopen(fd, "rb", buffering=0) as file:
-        return file.readall()
-
-
 def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
     """Blocking: re-check one entry's bytes against its trusted digest (not its schema)."""
     kind, key, size = entry.kind, entry.key, entry.size
@@ -391,8 +346,12 @@ def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryR
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         return EntryReport(kind, key, "broken", size, f"cannot open: {reason}")
-    with os.fdopen(fd, "rb", buffering=0) as file:
-        data = file.readall()
+    try:
+        data = read_limited(fd, size)  # a planted huge file: one byte more than the row's size
+    except OSError as exc:
+        return EntryReport(kind, key, "broken", size, f"cannot read: {exc.strerror or 'OSError'}")
+    finally:
+        os.close(fd)
     try:
         check_trusted(data, kind, key, entry.digest, secret)
     except ValueError as exc:
