@@ -159,7 +159,7 @@ def _list_decoder(list_type: Any) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(list_type)
 
 
-def _plan(data: bytes | memoryview, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | None:
+def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | None:
     if not spans:
         return None
     cuts: list[_Cut] = []
@@ -207,10 +207,7 @@ def _tiles(data: bytes | memoryview, span: Span) -> bool:
 
 
 async def decode_sliced(
-    data: bytes | memoryview,
-    schema: Any,
-    spans: tuple[Span, ...],
-    checkpoint: Callable[[], Awaitable[None]],
+    data: bytes, schema: Any, spans: tuple[Span, ...], checkpoint: Callable[[], Awaitable[None]]
 ) -> Any:
     """Decode ``data`` against ``schema``, slice by slice where the layout allows.
 
@@ -307,7 +304,7 @@ def _placed_where_named(view: memoryview, ordered: list[_Cut]) -> bool:
 
 
 def share_decodes(
-    data: bytes | memoryview, schema: Any, spans: tuple[Span, ...], share: int, shares: int
+    data: bytes, schema: Any, spans: tuple[Span, ...], share: int, shares: int
 ) -> list[Any] | None:
     """Share ``share`` (of ``shares``) of a sliced decode of ``data``: what it decoded, or None.
 

@@ -27,7 +27,7 @@ from ._slices import decode_layout, share_decodes
 from ._store._aside import Aside
 from ._store._partial import RAISED, on_entry
 from ._store._paths import FILE_FLAGS
-from ._store._reading import Data, read_limited
+from ._store._reading import read_limited
 from ._store._verify import (
     check_trusted,
     checked_decode,
@@ -135,7 +135,7 @@ def verify_share_path(
     return intact and decoded is not None, decoded
 
 
-def _read_back(path: str, size: int) -> Data:
+def _read_back(path: str, size: int) -> bytes:
     """The temp file at ``path``: at most one byte more than ``size`` (``OSError`` to the caller).
 
     One byte more tells that the file grew.

@@ -1,9 +1,9 @@
 """Reading entries into memory: bounded, hashed as read, and never a view of the file itself.
 
-Large reads go into fresh private memory (huge pages asked for) and, for parts of large
-entries, are hashed piece by piece as they land (``_store._reading``). These tests hold the
-fast reads to what a plain ``os.read`` of the same file gives, at and around the size where
-they take over, and hold the reads through the public API to "found means the value stored".
+Parts of large entries are read into fresh private memory and hashed piece by piece as
+they land (``_store._reading``). These tests hold that read to what a plain ``os.read`` of
+the same file gives, at and around the size where it takes over, and the reads through the
+public API to "found means the value stored".
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def test_a_sparse_terabyte_read_whole_is_an_oserror_not_a_crash(tmp_path: Path) 
 # ----------------------------------------------------------------------------- through the API
 
 OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
-LARGE = big_exact(100_000)  # about 6 MB: read in pages, hashed as read
+LARGE = big_exact(100_000)  # about 6 MB: its parts are hashed as read
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from ._paths import (
     unlink_quietly,
     valid_name,
 )
-from ._reading import Data, read_limited
+from ._reading import read_limited
 from ._tree import Tree, tree
 from ._verify import check_digest
 
@@ -182,8 +182,6 @@ def stored_as(
         on_disk = read_entry(dirs, kind, key, size)  # a planted huge file: one byte more
     except OSError:
         return None
-    if isinstance(on_disk, memoryview):  # never here: renewals are of up to 2 MiB (_medium)
-        on_disk = bytes(on_disk)  # compared in place below, by memcmp
     return on_disk if _same_bytes(on_disk, pieces) else None
 
 
@@ -266,7 +264,7 @@ def _checked(
     return decode_exact(back, schema)
 
 
-def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> Data:
+def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
     if not valid_name(kind, key):
         raise UnsafeStoreError("not an entry name", kind)
     fan_fd = dirs.fanout(kind, key)
@@ -276,7 +274,7 @@ def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> Data:
         os.close(fan_fd)
 
 
-def read_regular(name: str, dir_fd: int, limit: int = -1) -> Data:
+def read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:
     """The file's bytes; with a ``limit``, at most ``limit + 1`` of them.
 
     One byte more is enough to tell that a file is longer than its row says (it then fails

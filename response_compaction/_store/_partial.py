@@ -8,7 +8,7 @@ what the reference names):
   thread (hashlib lets go of the GIL) while the work runs on the event loop.
 - a large entry with a layout, through the library's own file backends: hashed piece by piece
   as it is read (``_reading.read_hashed``), and the work (a slice or two) done only on bytes
-  whose digest has passed. Read, then hashed, 90 MB took 50 + 53 ms; hashed as read, 54.
+  whose digest has passed. Read, then hashed, 90 MB took 50 + 53 ms; hashed as read, 58-68.
 - :func:`in_pool_or_thread`: for a large entry whose work would hold the GIL for long (one
   msgspec scan of a 90 MB value is ~100 ms): one of the library's pool workers
   (``python -m response_compaction._worker``, never the caller's ``__main__``) opens the

@@ -1,18 +1,21 @@
-"""Reading an entry's bytes into memory: bounded, and fast when large.
+"""Reading an entry's bytes into memory: bounded, and hashed as they land when large.
 
 Every read of an entry asks for at most one byte more than its row says it holds: enough to
 tell that the file grew (it then fails its digest check), never a planted sparse terabyte
-read whole. A large file is read into fresh anonymous memory advised to use huge pages:
-reading 90 MB into a new ``bytes`` took 50 ms here, most of it the kernel faulting in 22,000
-fresh 4 KiB pages, and 14 ms into such a mapping (where the kernel has no huge pages to give,
-it costs what ``bytes`` did). The mapping is private memory of this process, filled once by
-``readv`` from the file: later writes to the file never show in it, as they would in a
-mapping of the file itself, which a verified read must never use. What comes back is a
-read-only view of it.
+read whole.
 
 :func:`read_hashed` also hashes the bytes as they land: a helper reads piece after piece
-while the caller hashes each one read (both let go of the GIL), so reading and hashing 90 MB
-take about as long as hashing alone (54 against 50 + 53 ms here).
+into fresh memory while the caller hashes each piece read (both let go of the GIL), so
+reading and hashing 90 MB took 58-68 ms here against 50 + 53 ms one after the other. The
+memory is an anonymous private mapping, this process's own, filled once by ``readv`` from
+the file: later writes to the file never show in it, as they would in a mapping of the file
+itself, which a verified read must never use. (A ``bytearray`` would be zeroed whole before
+the first piece could land.) What comes back is a read-only view of it.
+
+Measured and dropped: advising the mapping to use huge pages (``MADV_HUGEPAGE``). Reading
+90 MB then took 14 ms instead of 50 (45 faults instead of 22,000), but 90 MB compactions,
+whose pool workers read the file back that way, took 1.1-1.5 s instead of 0.7-0.8 s in most
+runs on this VM (no compaction stalls counted: the huge pages themselves came slowly).
 """
 
 from __future__ import annotations
@@ -30,18 +33,16 @@ __all__ = ["PAGED_BYTES", "Data", "read_hashed", "read_limited"]
 #: The bytes of an entry as read: ``bytes``, or a read-only view of fresh memory when large.
 Data = bytes | memoryview
 
-#: Reads of at least this many bytes go into a fresh mapping (smaller ones: one ``os.read``).
+#: :func:`read_hashed` reads at least this many bytes into a fresh mapping, hashed as read.
 PAGED_BYTES = 4 << 20
 #: The most one read asks for beyond what the file's fstat said it holds.
 _READ_CHUNK = 1 << 20
 #: What :func:`read_hashed`'s helper reads at a time before the caller may hash it.
 _PIECE = 2 << 20
 _TOO_LARGE = "the entry is too large to read into memory"
-#: Linux only; elsewhere the mapping is left to the kernel's defaults.
-_HUGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
-def read_limited(fd: int, limit: int, st_size: int = -1) -> Data:
+def read_limited(fd: int, limit: int, st_size: int = -1) -> bytes:
     """At most ``limit + 1`` bytes of the open regular file ``fd``, which stays open."""
     try:
         return _read_bounded(fd, os.fstat(fd).st_size if st_size < 0 else st_size, limit)
@@ -84,12 +85,11 @@ def _digest(key: bytes, data: Data) -> str:
     return hasher.hexdigest()
 
 
-def _read_bounded(fd: int, st_size: int, limit: int) -> Data:
+def _read_bounded(fd: int, st_size: int, limit: int) -> bytes:
     # ``os.read`` allocates what it is asked for: it is asked for what the fstat says the
     # file holds (bounded by the row), not for what the row says (2**40: a MemoryError).
     want = min(limit, st_size or _READ_CHUNK) + 1
-    # Small entries: one read (no file object to build); large ones into fresh huge pages.
-    data = os.read(fd, want) if want < PAGED_BYTES else _read_paged(fd, want)
+    data = os.read(fd, want)  # small entries: one read (no file object to build)
     # A regular file's read comes back short at its end, and the fstat said where that is:
     # no second read to learn it (a system call, 0.4 us of a 45 us small read).
     if len(data) < want and len(data) >= st_size > 0:
@@ -107,43 +107,31 @@ def _read_bounded(fd: int, st_size: int, limit: int) -> Data:
     return data if len(chunks) == 1 else b"".join(chunks)
 
 
-def _read_paged(fd: int, want: int) -> memoryview:
-    """Up to ``want`` bytes of ``fd`` (fewer at its end) in fresh memory, read-only."""
-    view = memoryview(_fresh(want))
-    got = _fill(fd, view)
-    return view[:got].toreadonly()
-
-
 def _fresh(size: int) -> mmap.mmap:
-    """``size`` bytes of fresh private memory, huge pages asked for."""
+    """``size`` bytes of fresh private memory (zero pages until written)."""
     try:
         memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except OSError as exc:
         if exc.errno == errno.ENOMEM:  # as read_limited says it of a failed ``os.read``
             raise OSError(errno.ENOMEM, _TOO_LARGE) from None
         raise
-    if _HUGE is not None:
-        memory.madvise(_HUGE)
     return memory
 
 
-def _fill(fd: int, view: memoryview, landed: queue.SimpleQueue[int] | None = None) -> int:
+def _fill(fd: int, view: memoryview, landed: queue.SimpleQueue[int]) -> int:
     """Read ``fd`` into ``view`` until it is full or the file ends: how many bytes came.
 
-    With ``landed``, the end of what has been read so far is put there after each piece,
-    then -1 (also when a read fails).
+    The end of what has been read so far is put in ``landed`` after each piece, then -1
+    (also when a read fails).
     """
     got, size = 0, len(view)
     try:
         while got < size:
-            step = _PIECE if landed is not None else size - got
-            count = os.readv(fd, [view[got : min(got + step, size)]])
+            count = os.readv(fd, [view[got : min(got + _PIECE, size)]])
             if count <= 0:
                 break
             got += count
-            if landed is not None:
-                landed.put(got)
+            landed.put(got)
     finally:
-        if landed is not None:
-            landed.put(-1)
+        landed.put(-1)
     return got

@@ -22,7 +22,6 @@ from . import _indexes
 from ._index import CorruptRowError, IndexBusy, Row
 from ._oneshot import INDEX_ERRORS, read_entry
 from ._paths import Kind, NotRegularFileError
-from ._reading import Data
 from ._tree import Tree, release_now, tree, tree_now
 from ._verify import (
     DECODE_BESIDE_BYTES,
@@ -52,7 +51,7 @@ class Read(NamedTuple):
     """An entry read: its row, its bytes, and its value if decoded already."""
 
     row: Row
-    data: Data
+    data: bytes
     #: ``(value,)`` or what the decode raised, when decoded in the read's hop; None: not.
     decoded: tuple[Any] | Exception | None = None
     #: False: the bytes are still to be checked, beside their decode in slices (the caller's).
@@ -90,7 +89,7 @@ def _read_checked(
         if row is None or row.expires_at <= max(now, row.attested):
             return None
         data = _read_untrusted(dirs, kind, key, row.size)  # a planted huge file: a byte more
-        if data is None or isinstance(data, str):
+        if not isinstance(data, bytes):
             return data
         if len(data) > WHOLE_DECODE_BYTES:
             return Read(row, data, checked=False)  # a use once checked (record_read)
@@ -108,7 +107,7 @@ def _read_checked(
     return Read(row, data, decoded)
 
 
-def _read_untrusted(dirs: Tree, kind: Kind, key: str, limit: int) -> Data | str | None:
+def _read_untrusted(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes | str | None:
     """At most ``limit + 1`` bytes of the entry; None if gone, a string if not a plain file."""
     try:
         return read_entry(dirs, kind, key, limit)
@@ -141,7 +140,7 @@ def check_read(read: Read, kind: Kind, key: str, secret: bytes) -> None:
     check_trusted(read.data, kind, key, read.row.digest, secret)
 
 
-def _problem(data: Data, kind: Kind, key: str, recorded: str, secret: bytes) -> str | None:
+def _problem(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> str | None:
     """What is wrong with ``data`` against what is trusted, or None.
 
     The reference (or, for a summary, the sealed row) is the only digest trusted.
@@ -187,7 +186,7 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
             data = _read_untrusted(dirs, kind, key, INLINE_READ_BYTES)
         finally:
             release_now(dirs)
-        if data is not None and not isinstance(data, str):
+        if isinstance(data, bytes):
             problem = _problem(data, kind, key, row.digest, secret)
             if problem is not None:
                 return problem

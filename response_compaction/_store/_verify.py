@@ -26,7 +26,7 @@ from ._aside import Aside
 from ._fileio import FileBackend
 from ._index import Entry
 from ._paths import Kind, open_entry, regular_opener
-from ._reading import Data, read_limited
+from ._reading import read_limited
 from ._turns import cpu_turn, next_turn
 
 __all__ = [
@@ -79,7 +79,7 @@ class EntryReport:
     detail: str = ""
 
 
-def check_digest(data: Data, hex_digest: str, size: int, key: bytes) -> None:
+def check_digest(data: bytes, hex_digest: str, size: int, key: bytes) -> None:
     """Raise ``ValueError`` unless ``data`` is ``size`` bytes with keyed digest ``hex_digest``."""
     # Says what failed, never facts (a size, a digest) about the bytes found on disk: they
     # may be a foreign file's, and a digest would be an oracle for the store's key.
@@ -89,7 +89,7 @@ def check_digest(data: Data, hex_digest: str, size: int, key: bytes) -> None:
         raise ValueError("the bytes read back do not match their digest")
 
 
-def checked_decode(data: Data, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
+def checked_decode(data: bytes, hex_digest: str, size: int, schema: Any, key: bytes) -> Any:
     """:func:`check_digest` then :func:`decode_exact`, the decode run beside the digest.
 
     Same value and the same errors, in the same order of precedence (a length or digest
@@ -107,7 +107,7 @@ def checked_decode(data: Data, hex_digest: str, size: int, schema: Any, key: byt
     return outcome[0]
 
 
-def decode_beside(data: Data, schema: Any) -> Aside[tuple[Any] | Exception]:
+def decode_beside(data: bytes, schema: Any) -> Aside[tuple[Any] | Exception]:
     """``data`` being decoded against ``schema`` in a helper thread, GC paused.
 
     Asked for just before the caller hashes ``data``: the helper takes the GIL while the
@@ -118,7 +118,7 @@ def decode_beside(data: Data, schema: Any) -> Aside[tuple[Any] | Exception]:
     return Aside(decode_outcome, data, schema, pool="decode")
 
 
-def decode_outcome(data: Data, schema: Any) -> tuple[Any] | Exception:
+def decode_outcome(data: bytes, schema: Any) -> tuple[Any] | Exception:
     """``(value,)``, or what decoding ``data`` against ``schema`` raised (GC paused)."""
     with paused_gc():  # a young collection over the fresh tree costs more than the decode
         try:
@@ -212,7 +212,7 @@ def opened_layout(
     return open_layout(stored, _layout_signer(secret, kind, key, recorded))
 
 
-def check_trusted(data: Data, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
+def check_trusted(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
     """Raise ``ValueError`` unless ``data`` is what ``key`` names (exact) or was sealed to it."""
     check_trusted_digest(digest_hex(secret, data), kind, key, recorded, secret)
 
@@ -244,7 +244,7 @@ async def read_all(
             await file.close()
 
 
-async def decoded_value(data: Data, schema: Any, spans: tuple[Span, ...]) -> Any:
+async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> Any:
     """Decode digest-checked ``data``, in slices when it is large."""
     if len(data) < GC_PAUSE_BYTES:
         return decode_exact(data, schema)
@@ -256,7 +256,7 @@ async def decoded_value(data: Data, schema: Any, spans: tuple[Span, ...]) -> Any
 
 
 async def decoded_in_thread(
-    backend: FileBackend, kind: str, data: Data, schema: Any, failed: ValueError
+    backend: FileBackend, kind: str, data: bytes, schema: Any, failed: ValueError
 ) -> Found[Any] | Broken:
     """Checked ``data`` whose decode raised ``failed``: Broken, or decoded in a thread.
 
@@ -271,7 +271,7 @@ async def decoded_in_thread(
 
 
 async def decoded_beside(
-    backend: FileBackend, data: Data, schema: Any, spans: tuple[Span, ...],
+    backend: FileBackend, data: bytes, schema: Any, spans: tuple[Span, ...],
     check: Callable[[], object],
 ) -> Any:  # fmt: skip
     """:func:`decoded_value` while ``check()`` (a digest check) runs in a helper thread.
