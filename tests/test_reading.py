@@ -8,6 +8,7 @@ public API to "found means the value stored".
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
@@ -73,13 +74,14 @@ def test_reads_are_a_plain_reads_bytes_and_their_digest(
 
 
 @pytest.mark.parametrize("real", [PAGED_BYTES + 5000, 3 * PIECE + 7])
-@pytest.mark.parametrize("said", [PAGED_BYTES + 100, PAGED_BYTES + 9000, 4 * PIECE])
+@pytest.mark.parametrize("said", [0, PAGED_BYTES + 100, PAGED_BYTES + 9000, 4 * PIECE])
 @pytest.mark.parametrize("limit_over_real", [10, -2000])
 def test_a_file_grown_or_shrunk_since_its_fstat_is_read_to_its_end(
     opened: Any, real: int, said: int, limit_over_real: int
 ) -> None:
     """The fstat's size (``said``) only sizes the first read: a longer file is read on and
-    hashed after it, a shorter one ends where it ends, as a plain read would."""
+    hashed after it, a shorter one ends where it ends, as a plain read would. (Some FUSE file
+    systems say 0 of any file.)"""
     content = _content(real)
     limit = real + limit_over_real
     expected = content[: limit + 1]
@@ -108,6 +110,19 @@ def test_later_writes_to_the_file_never_show_in_what_was_read(tmp_path: Path, si
     assert bytes(plain) == content
     assert bytes(hashed) == content
     assert digest == _keyed(content)
+
+
+def test_a_read_failing_midway_raises_and_nothing_waits_for_it(tmp_path: Path) -> None:
+    """The helper's failed ``readv`` (here on a file open for writing only) ends the hashing
+    and is raised by the caller: no hang, no bytes."""
+    path = tmp_path / "entry"
+    path.write_bytes(_content(3 * PIECE + 7))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        with pytest.raises(OSError, match=os.strerror(errno.EBADF)):
+            read_hashed(fd, 3 * PIECE + 7, TEST_KEY)
+    finally:
+        os.close(fd)
 
 
 def test_a_sparse_terabyte_read_whole_is_an_oserror_not_a_crash(tmp_path: Path) -> None:

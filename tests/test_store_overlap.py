@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,21 @@ def test_work_aside_returns_its_result_and_raises_its_error() -> None:
     with pytest.raises(OSError, match="Bad file descriptor") as raised:
         failing.wait()
     assert raised.value.errno == errno.EBADF
+
+
+def test_a_job_run_keeps_no_hold_on_its_arguments() -> None:
+    """A helper between jobs (or a copy of the job left in its queue) held the job, and with
+    it the arguments: a read's whole buffer stayed in memory until the helper's next job."""
+
+    class Buffer:
+        pass
+
+    buffer = Buffer()
+    held = weakref.ref(buffer)
+    job = _aside.Aside(id, buffer, pool=f"test-{secrets.token_hex(4)}")
+    assert job.wait() == id(buffer)
+    del buffer
+    assert held() is None
 
 
 def _helper_threads(pool: str) -> list[threading.Thread]:

@@ -112,6 +112,7 @@ class _Helpers:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             job._run()
+            del job  # while this thread waits for the next job, the last one's value is freed
             with _lock:
                 self._idle += 1
 
@@ -206,6 +207,9 @@ class Aside(Generic[T]):
         except BaseException as exc:  # handed to whoever waits
             self._error = exc
         finally:
+            # A copy left in the queue, or a helper between jobs, holds this object: not its
+            # arguments (a read's whole buffer, say) too.
+            self._args = ()
             self._finished = True
             self._done.release()
 

@@ -6,9 +6,11 @@ what the reference names):
 
 - :func:`overlap_check`: the bytes are in this process; the digest is checked in a worker
   thread (hashlib lets go of the GIL) while the work runs on the event loop.
-- a large entry with a layout, through the library's own file backends: hashed piece by piece
-  as it is read (``_reading.read_hashed``), and the work (a slice or two) done only on bytes
-  whose digest has passed. Read, then hashed, 90 MB took 50 + 53 ms; hashed as read, 58-68.
+- a large entry with an array in its layout, through the library's own file backends:
+  hashed piece by piece as it is read (``_reading.read_hashed``), and the work (a slice or
+  two) done only on bytes whose digest has passed. Read, then hashed, 90 MB took 50 + 53 ms;
+  hashed as read, 58-68. (With no array to slice, the work is a scan of the whole: it
+  overlaps the check instead, as above.)
 - :func:`in_pool_or_thread`: for a large entry whose work would hold the GIL for long (one
   msgspec scan of a 90 MB value is ~100 ms): one of the library's pool workers
   (``python -m response_compaction._worker``, never the caller's ``__main__``) opens the
@@ -103,7 +105,7 @@ async def get_checked(
             if whole is not None and not spans and row.size >= WHOLE_WORK_BYTES:
                 where = (store.root, kind, key, row.size)
                 result = await in_pool_or_thread(backend, where, check, whole)
-            elif store._fast and row.size >= PAGED_BYTES:
+            elif store._fast and row.size >= PAGED_BYTES and any(not s.mapping for s in spans):
                 # Hashed as it is read: the work (a slice or two) begins on bytes that verify.
                 got = await store._read_hashed(kind, key, row.size)
                 if isinstance(got, (Missing, Broken)):

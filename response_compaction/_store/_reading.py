@@ -67,9 +67,13 @@ def read_hashed(fd: int, limit: int, key: bytes, st_size: int = -1) -> tuple[Dat
     landed: queue.SimpleQueue[int] = queue.SimpleQueue()
     reading = Aside(_fill, fd, view, landed, pool="read")
     hasher, at = new_hasher(key), 0
-    while (end := landed.get()) >= 0:
-        hasher.update(view[at:end])
-        at = end
+    try:
+        while (end := landed.get()) >= 0:
+            hasher.update(view[at:end])
+            at = end
+    except BaseException:
+        reading.join()  # the caller closes ``fd`` next: not while the helper still reads it
+        raise
     got = reading.wait()  # what the read raised, if it failed
     read: Data = view[:got].toreadonly()
     if got == want <= limit:
