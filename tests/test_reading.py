@@ -24,12 +24,23 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import _store
-from response_compaction._store._reading import PAGED_BYTES, read_hashed, read_limited
+from response_compaction._store import _reading
+from response_compaction._store._reading import read_hashed, read_limited
 from tests._store_support import TEST_KEY, entry_path, store_root
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
-PIECE = 2 << 20  # _reading's piece: a size of a few pieces and a remainder crosses them all
+PIECE = 2 << 20
+#: The size from which entries are hashed as read, lowered from 32 MiB for these tests: the
+#: same code at a tenth of the bytes (the threshold is where it pays, not where it works).
+PAGED_BYTES = 4 << 20
+
+
+@pytest.fixture(autouse=True)
+def _hashed_from_4_mib(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        _reading, "HASHED_BYTES", PAGED_BYTES
+    )  # _reading's piece: a size of a few pieces and a remainder crosses them all
 
 
 def _content(size: int) -> bytes:
@@ -232,7 +243,10 @@ async def test_verify_reads_a_grown_entry_no_further_than_a_byte_past_its_row(
 
 _READERS = """
 import threading, anyio, response_compaction as rc
+from response_compaction._store import _reading
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
+
+_reading.HASHED_BYTES = 4 << 20  # as in this module's tests
 
 def readers():
     return sum(t.name == "response-compaction-read" for t in threading.enumerate())

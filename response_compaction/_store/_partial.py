@@ -6,11 +6,11 @@ what the reference names):
 
 - :func:`overlap_check`: the bytes are in this process; the digest is checked in a worker
   thread (hashlib lets go of the GIL) while the work runs on the event loop.
-- a large entry with an array in its layout, through the library's own file backends:
-  hashed piece by piece as it is read (``_reading.read_hashed``), and the work (a slice or
-  two) done only on bytes whose digest has passed. Read, then hashed, 90 MB took 50 + 53 ms;
-  hashed as read, 58-68. (With no array to slice, the work is a scan of the whole: it
-  overlaps the check instead, as above.)
+- an entry of ``HASHED_BYTES`` (32 MiB) or more with an array in its layout, through the
+  library's own file backends: hashed piece by piece as it is read (``_reading``), and the
+  work (a slice or two) done only on bytes whose digest has passed. Read, then hashed, 90 MB
+  took 50 + 53 ms; hashed as read, 58-68. (With no array to slice, the work is a scan of the
+  whole: it overlaps the check instead, as above.)
 - :func:`in_pool_or_thread`: for a large entry whose work would hold the GIL for long (one
   msgspec scan of a 90 MB value is ~100 ms): one of the library's pool workers
   (``python -m response_compaction._worker``, never the caller's ``__main__``) opens the
@@ -37,10 +37,10 @@ from .._canonical import Span
 from .._errors import map_errors
 from .._models import Broken, Missing
 from .._perf import paused_gc
-from . import _indexes
+from . import _indexes, _reading
 from ._fileio import FileBackend
 from ._paths import Kind, NotRegularFileError, open_entry
-from ._reading import PAGED_BYTES, Data, read_limited
+from ._reading import Data, read_limited
 from ._verify import check_trusted, check_trusted_digest, opened_layout
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ async def get_checked(
             if whole is not None and not spans and row.size >= WHOLE_WORK_BYTES:
                 where = (store.root, kind, key, row.size)
                 result = await in_pool_or_thread(backend, where, check, whole)
-            elif store._fast and row.size >= PAGED_BYTES and any(not s.mapping for s in spans):
+            elif store._fast and row.size >= _reading.HASHED_BYTES and _has_array(spans):
                 # Hashed as it is read: the work (a slice or two) begins on bytes that verify.
                 got = await store._read_hashed(kind, key, row.size)
                 if isinstance(got, (Missing, Broken)):
@@ -122,6 +122,10 @@ async def get_checked(
             # Best-effort, like any read: a held lock must not turn a found part into an error.
             _indexes.note_use(index, kind, key, now)  # a due batch: by a helper, not a hop
     return result
+
+
+def _has_array(spans: tuple[Span, ...]) -> bool:
+    return any(not span.mapping for span in spans)
 
 
 async def _checked_first(

@@ -28,13 +28,17 @@ import queue
 from .._digest import new_hasher
 from ._aside import Aside
 
-__all__ = ["PAGED_BYTES", "Data", "read_hashed", "read_limited"]
+__all__ = ["HASHED_BYTES", "Data", "read_hashed", "read_limited"]
 
 #: The bytes of an entry as read: ``bytes``, or a read-only view of fresh memory when large.
 Data = bytes | memoryview
 
 #: :func:`read_hashed` reads at least this many bytes into a fresh mapping, hashed as read.
-PAGED_BYTES = 4 << 20
+#: Below it, glibc's malloc hands a new ``bytes`` memory it kept (its mmap threshold grows to
+#: 32 MiB as large blocks are freed): reading, then hashing, was as fast (read_part of 10 and
+#: 30 MB: 10.3-11.6 and 24.4-25.7 ms, hashed as read 12.0-13.0 and 24.3-25.2). Above it, every
+#: new ``bytes`` that size is fresh memory to fault in: at 50 MB, 65-68 ms against 37-38.
+HASHED_BYTES = 32 << 20
 #: The most one read asks for beyond what the file's fstat said it holds.
 _READ_CHUNK = 1 << 20
 #: What :func:`read_hashed`'s helper reads at a time before the caller may hash it.
@@ -60,7 +64,7 @@ def read_hashed(fd: int, limit: int, key: bytes, st_size: int = -1) -> tuple[Dat
     """
     st_size = os.fstat(fd).st_size if st_size < 0 else st_size
     want = min(limit, st_size) + 1
-    if want < PAGED_BYTES:
+    if want < HASHED_BYTES:
         data = read_limited(fd, limit, st_size)
         return data, _digest(key, data)
     view = memoryview(_fresh(want))
