@@ -116,7 +116,7 @@ def _whole_part(
         "max_bytes": max_bytes,
     }
 
-    def local(data: Data) -> tuple[Node | None, Part]:
+    def local(data: bytes) -> tuple[Node | None, Part]:
         return None, part_of(data, pointer, start=start, stop=stop, max_bytes=max_bytes)
 
     def from_reply(encoded: bytes) -> tuple[Node | None, Part]:

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Check = Callable[[Data], None]
+Check = Callable[[bytes], None]
 
 #: An entry this large without a layout is worked on whole, away from the event loop.
 WHOLE_WORK_BYTES = 8 << 20
@@ -73,7 +73,7 @@ class WholeWork(Generic[T]):
 
     op: str
     args: dict[str, Any]
-    local: Callable[[Data], T]
+    local: Callable[[bytes], T]
     from_reply: Callable[[bytes], T]
 
 
@@ -145,7 +145,7 @@ async def _checked_first(
 
 async def overlap_check(
     backend: FileBackend,
-    data: Data,
+    data: bytes,
     check: Check,
     spans: tuple[Span, ...],
     work: Callable[[Data, tuple[Span, ...]], Awaitable[T]],
@@ -231,7 +231,7 @@ def _from_reply(reply: dict[str, Any], whole: WholeWork[T]) -> tuple[str, Any]:
 
 
 def on_entry(
-    where: tuple[str, Kind, str, int], check: Check, work: Callable[[Data], Any]
+    where: tuple[str, Kind, str, int], check: Check, work: Callable[[bytes], Any]
 ) -> tuple[str, Any]:
     """Blocking (a pool worker, or a thread here): what happened, as plain data.
 

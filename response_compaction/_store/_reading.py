@@ -25,7 +25,7 @@ import mmap
 import os
 import queue
 
-from .._digest import new_hasher
+from .._digest import digest_hex, new_hasher
 from ._aside import Aside
 
 __all__ = ["HASHED_BYTES", "Data", "read_hashed", "read_limited"]
@@ -66,7 +66,7 @@ def read_hashed(fd: int, limit: int, key: bytes, st_size: int = -1) -> tuple[Dat
     want = min(limit, st_size) + 1
     if want < HASHED_BYTES:
         data = read_limited(fd, limit, st_size)
-        return data, _digest(key, data)
+        return data, digest_hex(key, data)
     view = memoryview(_fresh(want))
     landed: queue.SimpleQueue[int] = queue.SimpleQueue()
     reading = Aside(_fill, fd, view, landed, pool="read")
@@ -85,12 +85,6 @@ def read_hashed(fd: int, limit: int, key: bytes, st_size: int = -1) -> tuple[Dat
         hasher.update(rest)
         read = b"".join((read, rest))
     return read, hasher.hexdigest()
-
-
-def _digest(key: bytes, data: Data) -> str:
-    hasher = new_hasher(key)
-    hasher.update(data)
-    return hasher.hexdigest()
 
 
 def _read_bounded(fd: int, st_size: int, limit: int) -> bytes:
