@@ -45,6 +45,7 @@ import msgspec.inspect as mi
 from ._canonical import Span, decode_exact
 
 __all__ = [
+    "Landed",
     "Sign",
     "Span",
     "decode_layout",
@@ -159,7 +160,11 @@ def _list_decoder(list_type: Any) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(list_type)
 
 
-def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | None:
+def _plan(
+    data: bytes | memoryview, schema: Any, spans: tuple[Span, ...], *, landed: bool = True
+) -> list[_Cut] | None:
+    """The cut containers in byte order, or None: the document is decoded whole."""
+    # landed=False: the bytes are still landing; each slice's marks are checked as it lands.
     if not spans:
         return None
     cuts: list[_Cut] = []
@@ -182,61 +187,92 @@ def _plan(data: bytes, schema: Any, spans: tuple[Span, ...]) -> list[_Cut] | Non
         cuts.append(_Cut(None, spans[0], schema))
     else:
         return None
+    cuts.sort(key=lambda c: c.span.start)
     previous_end = 0
-    for cut in sorted(cuts, key=lambda c: c.span.start):
-        if not _tiles(data, cut.span) or cut.span.start < previous_end:
+    for cut in cuts:
+        laid = _tiles(data, cut.span) if landed else _shaped(cut.span, len(data))
+        if not laid or cut.span.start < previous_end:
             return None
         previous_end = cut.span.end
     return cuts
 
 
 def _tiles(data: bytes | memoryview, span: Span) -> bool:
+    """Whether ``span``'s slices tile its container in ``data`` exactly, commas between."""
+    return _shaped(span, len(data)) and all(_marked(data, span, i) for i in range(len(span.slices)))
+
+
+def _shaped(span: Span, size: int) -> bool:
+    """Whether the slices follow each other from just inside ``start`` to just inside ``end``."""
     start, end, slices = span.start, span.end, span.slices
-    if not slices or not (0 <= start < end <= len(data)):
-        return False
-    if bytes((data[start], data[end - 1])) != (b"{}" if span.mapping else b"[]"):
+    if not slices or not (0 <= start < end <= size):
         return False
     expected = start + 1
     for a, b in slices:
         if a != expected or b <= a:
             return False
         expected = b + 1
-        if b < end - 1 and data[b] != ord(","):
-            return False
     return expected == end
 
 
+def _marked(data: bytes | memoryview, span: Span, i: int) -> bool:
+    """Whether slice ``i`` ends at a comma (the last at the closing bracket), no byte past."""
+    # ... and whether the first begins just after the opening bracket.
+    a, b = span.slices[i]
+    opening, closing = b"{}" if span.mapping else b"[]"
+    if i == 0 and data[a - 1] != opening:
+        return False
+    return data[b] == (closing if b == span.end - 1 else ord(","))
+
+
 async def decode_sliced(
-    data: bytes, schema: Any, spans: tuple[Span, ...], checkpoint: Callable[[], Awaitable[None]]
+    data: bytes | memoryview,
+    schema: Any,
+    spans: tuple[Span, ...],
+    checkpoint: Callable[[], Awaitable[None]],
+    landed: Landed | None = None,
 ) -> Any:
     """Decode ``data`` against ``schema``, slice by slice where the layout allows.
 
     Same result and the same ``ValueError`` cases as :func:`decode_exact` on the whole.
+    ``landed``: the bytes are still landing (a read under way); no byte is looked at before
+    ``await landed(end)`` has returned for an ``end`` past it.
     """
-    cuts = _plan(data, schema, spans)
+    landed = landed or _landed_already
+    cuts = _plan(data, schema, spans, landed=landed is _landed_already)
     if cuts is None:
+        await landed(len(data))
         return decode_exact(data, schema)
     view = memoryview(data)
     items: dict[str | None, list[Any] | dict[str, Any]] = {}
     try:
         for cut in cuts:
-            items[cut.attr] = await _decode_cut(view, cut, checkpoint)
+            items[cut.attr] = await _decode_cut(view, cut, checkpoint, landed)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         # Either the data is invalid (the whole decode says so, with msgspec's message) or
         # the hint was wrong (the whole decode is right).
+        await landed(len(data))
         return decode_exact(data, schema)
     if None in items:
         return items[None]
-    ordered = sorted(cuts, key=lambda c: c.span.start)
-    if not _placed_where_named(view, ordered):
+    await landed(len(data))
+    if not _placed_where_named(view, cuts):
         return decode_exact(data, schema)  # a forged layout: only the whole decode is right
-    empty = [b"{}" if cut.span.mapping else b"[]" for cut in ordered]
-    outer = decode_exact(_outer(view, ordered, empty.__getitem__), schema)
+    empty = [b"{}" if cut.span.mapping else b"[]" for cut in cuts]
+    outer = decode_exact(_outer(view, cuts, empty.__getitem__), schema)
     return msgspec.structs.replace(outer, **{str(k): v for k, v in items.items()})
 
 
+#: Waits until the first ``end`` bytes of the document have landed.
+Landed = Callable[[int], Awaitable[None]]
+
+
+async def _landed_already(end: int) -> None:  # the bytes were all there from the start
+    pass
+
+
 async def _decode_cut(
-    view: memoryview, cut: _Cut, checkpoint: Callable[[], Awaitable[None]]
+    view: memoryview, cut: _Cut, checkpoint: Callable[[], Awaitable[None]], landed: Landed
 ) -> list[Any] | dict[str, Any]:
     """One cut container, decoded a slice at a time with the loop's turn in between.
 
@@ -244,23 +280,24 @@ async def _decode_cut(
     (a repeated key keeps its first place and its last value either way).
     """
     decoder = _list_decoder(cut.item_list_type)
-    if cut.span.mapping:
-        members: dict[str, Any] = {}
-        for a, b in cut.span.slices:
-            decoded = _some(decoder.decode(b"".join((b"{", view[a:b], b"}"))))
-            # Growing the whole is a step of its own: at 345k keys a dict's resize, at 2.7M
-            # items a list's copy, took 12-15 ms in one C call, beside a 4 ms slice decode.
-            await checkpoint()
-            members.update(decoded)
-            await checkpoint()
-        return members
-    collected: list[Any] = []
-    for a, b in cut.span.slices:
-        items = _some(decoder.decode(b"".join((b"[", view[a:b], b"]"))))
-        await checkpoint()  # as above
-        collected.extend(items)
+    opening, closing = (b"{", b"}") if cut.span.mapping else (b"[", b"]")
+    merged: list[Any] | dict[str, Any] = {} if cut.span.mapping else []
+    marked = landed is _landed_already  # else each slice's marks are checked as it lands
+    for i, (a, b) in enumerate(cut.span.slices):
+        if not marked:
+            await landed(b + 1)
+            if not _marked(view, cut.span, i):
+                raise msgspec.DecodeError("a slice is not where its layout says")  # caught
+        decoded = _some(decoder.decode(b"".join((opening, view[a:b], closing))))
+        # Growing the whole is a step of its own: at 345k keys a dict's resize, at 2.7M
+        # items a list's copy, took 12-15 ms in one C call, beside a 4 ms slice decode.
         await checkpoint()
-    return collected
+        if isinstance(merged, dict):
+            merged.update(decoded)
+        else:
+            merged.extend(decoded)
+        await checkpoint()
+    return merged
 
 
 def _some(decoded: Any) -> Any:
@@ -320,7 +357,7 @@ def share_decodes(
     if cuts is None:
         return None
     view = memoryview(data)
-    ordered = sorted(cuts, key=lambda c: c.span.start)
+    ordered = cuts  # in byte order
     decoded: list[Any] = []
     try:
         for cut, a, b in _dealt(ordered, len(data), share, shares):

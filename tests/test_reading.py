@@ -246,15 +246,15 @@ import threading, anyio, response_compaction as rc
 from response_compaction._store import _reading
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
-_reading.HASHED_BYTES = 4 << 20  # as in this module's tests
-
 def readers():
     return sum(t.name == "response-compaction-read" for t in threading.enumerate())
 
 async def main():
     harness = rc.Harness(fs=rc.LocalWorkspace({workspace!r}))
     options = {{"fallback": FALLBACK, "ladder": "cheap"}}
+    _reading.HASHED_BYTES = 1 << 62  # the compaction's read-back takes no read helper
     out = await rc.response_compact(harness, big_exact({rows}), Exact, Summary, options)
+    _reading.HASHED_BYTES = 4 << 20  # as in this module's tests
     before = readers()
     part = await rc.response_compaction_read_part(harness, out.receipt.exact_ref, pointer="/rows/0")
     assert isinstance(part, rc.Found), part

@@ -59,16 +59,8 @@ from ._hit import renew_inline
 from ._key import KEY_NAME, load_key, read_key
 from ._medium import MEDIUM_BYTES, Medium
 from ._oneshot import SMALL_BYTES, put_small
-from ._paths import (
-    KINDS,
-    PROCESS,
-    ROOT_NAME,
-    STALE_TEMP_SECONDS,
-    Kind,
-    prepare_root,
-    sweep_temps,
-)
-from ._reads import NOT_INLINE, check_read, read_checked, read_inline, record_read
+from ._paths import KINDS, PROCESS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
+from ._reads import NOT_INLINE, check_read, found_landing, read_checked, read_inline, record_read
 from ._stepwise import Stored
 from ._turns import STEPS_SECONDS, cpu_turn, pace, storing
 from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_beside, decoded_value
@@ -297,7 +289,11 @@ class Store(Medium):
             return Missing()
         if isinstance(got, str):
             return Broken(detail=got)
-        row, data, decoded, checked = got
+        if got.landing is not None:
+            return await found_landing(
+                self._backend, self.root, got, kind, key, schema, now, self._key
+            )
+        row, data, decoded, checked, _ = got
         try:
             if isinstance(decoded, Exception):
                 raise decoded  # what the decode raised, now that the bytes checked

@@ -28,7 +28,7 @@ import queue
 from .._digest import digest_hex, new_hasher
 from ._aside import Aside
 
-__all__ = ["HASHED_BYTES", "Data", "read_hashed", "read_limited"]
+__all__ = ["HASHED_BYTES", "PIECE", "Data", "fresh", "read_hashed", "read_limited"]
 
 #: The bytes of an entry as read: ``bytes``, or a read-only view of fresh memory when large.
 Data = bytes | memoryview
@@ -41,8 +41,8 @@ Data = bytes | memoryview
 HASHED_BYTES = 32 << 20
 #: The most one read asks for beyond what the file's fstat said it holds.
 _READ_CHUNK = 1 << 20
-#: What :func:`read_hashed`'s helper reads at a time before the caller may hash it.
-_PIECE = 2 << 20
+#: What a reading helper reads at a time before the caller may use it.
+PIECE = 2 << 20
 _TOO_LARGE = "the entry is too large to read into memory"
 
 
@@ -67,7 +67,7 @@ def read_hashed(fd: int, limit: int, key: bytes, st_size: int = -1) -> tuple[Dat
     if want < HASHED_BYTES:
         data = read_limited(fd, limit, st_size)
         return data, digest_hex(key, data)
-    view = memoryview(_fresh(want))
+    view = memoryview(fresh(want))
     landed: queue.SimpleQueue[int] = queue.SimpleQueue()
     reading = Aside(_fill, fd, view, landed, pool="read")
     hasher, at = new_hasher(key), 0
@@ -109,7 +109,7 @@ def _read_bounded(fd: int, st_size: int, limit: int) -> bytes:
     return data if len(chunks) == 1 else b"".join(chunks)
 
 
-def _fresh(size: int) -> mmap.mmap:
+def fresh(size: int) -> mmap.mmap:
     """``size`` bytes of fresh private memory (zero pages until written)."""
     try:
         memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -129,7 +129,7 @@ def _fill(fd: int, view: memoryview, landed: queue.SimpleQueue[int]) -> int:
     got, size = 0, len(view)
     try:
         while got < size:
-            count = os.readv(fd, [view[got : min(got + _PIECE, size)]])
+            count = os.readv(fd, [view[got : min(got + PIECE, size)]])
             if count <= 0:
                 break
             got += count

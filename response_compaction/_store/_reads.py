@@ -14,20 +14,29 @@ shape: 1.9 MB of rows still read faster here, 1.9 MB of short strings 1-2 ms slo
 from __future__ import annotations
 
 import errno
+import functools
 import sqlite3
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 from .._errors import map_errors
-from . import _indexes
+from .._models import Broken, Found
+from .._slices import decode_layout
+from . import _indexes, _reading
+from ._fileio import FileBackend
 from ._index import CorruptRowError, IndexBusy, Row
+from ._landing import Landing, decoded_landing, land_entry
 from ._oneshot import INDEX_ERRORS, read_entry
 from ._paths import Kind, NotRegularFileError
+from ._reading import Data
 from ._tree import Tree, release_now, tree, tree_now
 from ._verify import (
     DECODE_BESIDE_BYTES,
     WHOLE_DECODE_BYTES,
     check_trusted,
+    check_trusted_digest,
     decode_outcome,
+    decoded_in_thread,
     decodes_plainly,
 )
 
@@ -35,11 +44,15 @@ __all__ = [
     "INLINE_READ_BYTES",
     "NOT_INLINE",
     "Read",
+    "check_landed",
     "check_read",
+    "found_landing",
     "read_checked",
     "read_inline",
     "record_read",
 ]
+
+T = TypeVar("T")
 
 #: Entries up to this size are read on the event loop thread (see :func:`read_inline`).
 INLINE_READ_BYTES = 64 << 10
@@ -56,6 +69,8 @@ class Read(NamedTuple):
     decoded: tuple[Any] | Exception | None = None
     #: False: the bytes are still to be checked, beside their decode in slices (the caller's).
     checked: bool = True
+    #: The bytes still landing (``data`` empty meanwhile), for a decode as they land.
+    landing: Landing | None = None
 
 
 def read_checked(
@@ -67,8 +82,9 @@ def read_checked(
     saying what is wrong when the bytes cannot be trusted. An entry of ``DECODE_BESIDE_BYTES``
     up to ``WHOLE_DECODE_BYTES`` comes back decoded against ``schema``, and a larger one
     unchecked (``checked=False``: the caller checks it beside its decode in slices, see
-    ``_verify.decoded_beside``). The read is recorded as a use, best-effort (never waiting
-    for the write lock).
+    ``_verify.decoded_beside``), or from ``_reading.HASHED_BYTES`` still landing (``landing``: the
+    caller decodes it as it lands, see ``_landing``). The read is recorded as a use,
+    best-effort (never waiting for the write lock).
     """
     with tree(root) as dirs:
         return _read_checked(dirs, root, kind, key, now, secret, schema)
@@ -88,7 +104,14 @@ def _read_checked(
         # Expired by this clock, or by the time other clocks already witnessed (_clocks).
         if row is None or row.expires_at <= max(now, row.attested):
             return None
-        data = _read_untrusted(dirs, kind, key, row.size)  # a planted huge file: a byte more
+        # A large entry whose plain decode can go on as its bytes land (``_landing``).
+        lands = row.size >= _reading.HASHED_BYTES and decodes_plainly(schema)
+        if lands:
+            data = _untrusted(land_entry, dirs, kind, key, row.size, secret)
+        else:
+            data = _read_untrusted(dirs, kind, key, row.size)
+        if isinstance(data, Landing):
+            return Read(row, b"", checked=False, landing=data)  # a use once checked
         if not isinstance(data, bytes):
             return data
         if len(data) > WHOLE_DECODE_BYTES:
@@ -109,8 +132,15 @@ def _read_checked(
 
 def _read_untrusted(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes | str | None:
     """At most ``limit + 1`` bytes of the entry; None if gone, a string if not a plain file."""
+    return _untrusted(read_entry, dirs, kind, key, limit)  # a planted huge file: a byte more
+
+
+def _untrusted(
+    read: Callable[..., T], dirs: Tree, kind: Kind, key: str, *args: Any
+) -> T | str | None:
+    """``read(dirs, kind, key, *args)``; None if the entry is gone, a string if not a plain file."""
     try:
-        return read_entry(dirs, kind, key, limit)
+        return read(dirs, kind, key, *args)
     except FileNotFoundError:
         return None
     except NotRegularFileError as exc:
@@ -138,6 +168,20 @@ def record_read(root: str, kind: Kind, key: str, now: float) -> None:
 def check_read(read: Read, kind: Kind, key: str, secret: bytes) -> None:
     """Blocking: raise ``ValueError`` unless ``read``'s bytes are what is trusted."""
     check_trusted(read.data, kind, key, read.row.digest, secret)
+
+
+def check_landed(
+    read: Read, kind: Kind, key: str, secret: bytes, data: Data, hex_digest: str
+) -> None:
+    """:func:`check_read` of bytes that landed, whose keyed digest is ``hex_digest``.
+
+    They must also be as many as the row says: the value was decoded from that many (a file
+    cut to a row's forged size, then made whole again while it was read, would otherwise
+    pass its digest with a value decoded from part of it).
+    """
+    if len(data) != read.row.size:
+        raise ValueError("the entry file is not as long as its row says")
+    check_trusted_digest(hex_digest, kind, key, read.row.digest, secret)
 
 
 def _problem(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> str | None:
@@ -194,3 +238,21 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
     finally:
         _indexes.release(index, close_idle=False)
     return data if data is None or isinstance(data, str) else Read(row, data)
+
+
+async def found_landing(
+    backend: FileBackend, root: str, read: Read, kind: Kind, key: str, schema: Any, now: float,
+    secret: bytes,
+) -> Found[Any] | Broken:  # fmt: skip
+    """The value of an entry read as it lands (``read.landing``), once its bytes checked."""
+    landing = read.landing
+    if landing is None:
+        raise TypeError("not a read still landing")
+    check = functools.partial(check_landed, read, kind, key, secret)
+    try:
+        spans = decode_layout(read.row.layout)
+        value = await decoded_landing(backend, landing, schema, spans, check)
+    except ValueError as exc:  # as ``get``'s: the bytes checked; maybe too deep for the stack
+        return await decoded_in_thread(backend, kind, landing.view, schema, exc)
+    record_read(root, kind, key, now)
+    return Found(value=value)

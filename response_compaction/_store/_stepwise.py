@@ -187,6 +187,7 @@ class Stepwise:
                 self._key,
                 want_value=size <= size_for_value,
                 use_worker=self._fast,
+                land=self._fast,
             )
             fsync = functools.partial(backend.run, os.fsync, file.fileno())
             value = await beside(fsync, verify)

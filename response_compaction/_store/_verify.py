@@ -22,11 +22,13 @@ from .._perf import paused_gc
 from .._pydantic import is_pydantic_schema
 from .._refusals import type_nodes
 from .._slices import Sign, decode_sliced, open_layout, seal_layout
+from . import _reading
 from ._aside import Aside
 from ._fileio import FileBackend
 from ._index import Entry
+from ._landing import Landing, decoded_landing, land_file
 from ._paths import Kind, open_entry, regular_opener
-from ._reading import read_limited
+from ._reading import Data, read_limited
 from ._turns import cpu_turn, next_turn
 
 __all__ = [
@@ -256,7 +258,7 @@ async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> An
 
 
 async def decoded_in_thread(
-    backend: FileBackend, kind: str, data: bytes, schema: Any, failed: ValueError
+    backend: FileBackend, kind: str, data: bytes | memoryview, schema: Any, failed: ValueError
 ) -> Found[Any] | Broken:
     """Checked ``data`` whose decode raised ``failed``: Broken, or decoded in a thread.
 
@@ -312,11 +314,13 @@ async def verify_file(
     *,
     want_value: bool,
     use_worker: bool,
+    land: bool = False,
 ) -> Any:
     """Read a fresh temp file back and verify it; its value if ``want_value``, else None.
 
     Large files nobody needs the value of are verified in a worker process when the schema
-    can travel there. Raises ``ValueError`` with what is wrong.
+    can travel there. ``land``: a large file is decoded as it is read (``_landing``). Raises
+    ``ValueError`` with what is wrong.
     """
     if use_worker and size >= WORKER_VERIFY_BYTES and not want_value:
         problem = await _verifiers.verify(path, hex_digest, size, schema, key, spans)
@@ -324,6 +328,12 @@ async def verify_file(
             if problem is not None:
                 raise ValueError(problem)
             return None
+    if land and size >= _reading.HASHED_BYTES and decodes_plainly(schema):
+        landing = await backend.run(land_file, path, None, size, key)
+        if isinstance(landing, Landing):
+            check = functools.partial(_check_landed, hex_digest, size)
+            value = await decoded_landing(backend, landing, schema, spans, check)
+            return value if want_value else None
     data = await read_all(backend, path)
     if len(data) <= WHOLE_DECODE_BYTES:
         await backend.run(check_digest, data, hex_digest, size, key)
@@ -332,6 +342,14 @@ async def verify_file(
         check = functools.partial(check_digest, data, hex_digest, size, key)
         value = await decoded_beside(backend, data, schema, spans, check)
     return value if want_value else None
+
+
+def _check_landed(hex_digest: str, size: int, data: Data, found: str) -> None:
+    """:func:`check_digest` of bytes read by a ``Landing``, whose keyed digest is ``found``."""
+    if len(data) != size:
+        raise ValueError("the bytes read back are not as long as those written")
+    if not hmac.compare_digest(found, hex_digest):
+        raise ValueError("the bytes read back do not match their digest")
 
 
 def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
