@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import os
 import secrets
 import sqlite3
@@ -204,6 +205,28 @@ def test_a_job_run_keeps_no_hold_on_its_arguments() -> None:
     assert job.wait() == id(buffer)
     del buffer
     assert held() is None
+
+
+def test_a_job_run_keeps_no_hold_on_the_object_of_its_method() -> None:
+    """A job whose function is a bound method of an object that holds the job (a landing
+    read holds its reader): once run, the two are freed without waiting for the cyclic GC."""
+
+    class Reader:
+        def __init__(self) -> None:
+            self.job = _aside.Aside(self.read, pool=f"test-{secrets.token_hex(4)}")
+
+        def read(self) -> int:
+            return 7
+
+    gc.disable()
+    try:
+        reader = Reader()
+        held = weakref.ref(reader)
+        assert reader.job.wait() == 7
+        del reader
+        assert held() is None
+    finally:
+        gc.enable()
 
 
 def _helper_threads(pool: str) -> list[threading.Thread]:

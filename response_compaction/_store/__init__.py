@@ -290,9 +290,10 @@ class Store(Medium):
         if isinstance(got, str):
             return Broken(detail=got)
         if got.landing is not None:
-            return await found_landing(
-                self._backend, self.root, got, kind, key, schema, now, self._key
-            )
+            with map_errors(f"could not read the {kind} entry"):  # the helper's read failed
+                return await found_landing(
+                    self._backend, self.root, got, kind, key, schema, now, self._key
+                )
         row, data, decoded, checked, _ = got
         try:
             if isinstance(decoded, Exception):

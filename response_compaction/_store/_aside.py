@@ -208,8 +208,9 @@ class Aside(Generic[T]):
             self._error = exc
         finally:
             # A copy left in the queue, or a helper between jobs, holds this object: not its
-            # arguments (a read's whole buffer, say) too.
-            self._args = ()
+            # arguments (a read's whole buffer, say) too, nor the object a bound method is of
+            # (one that holds this job would otherwise wait for the cyclic GC).
+            self._fn, self._args = _ran, ()
             self._finished = True
             self._done.release()
 
@@ -229,6 +230,10 @@ class Aside(Generic[T]):
         if not self._finished:
             with self._done:  # released by _run, and at once again here for any other waiter
                 pass
+
+
+def _ran(*args: Any) -> Any:
+    """What a job's function is once it has run (never called again: the claim is taken)."""
 
 
 def begun(name: str, fn: Callable[[], T]) -> Aside[T]:

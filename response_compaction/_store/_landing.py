@@ -55,19 +55,18 @@ class Landing:
 
     def __init__(self, fd: int, size: int, key: bytes) -> None:
         try:
-            memory = fresh(size + 1)  # a byte more: a file that grew is read as longer
+            self.size = size
+            self._whole = memoryview(fresh(size + 1))  # a byte more: a grown file reads longer
+            #: What the caller decodes: the row's size, read-only.
+            self.view = self._whole[:size].toreadonly()
+            self._got = 0  # bytes landed so far; only the helper writes it
+            self._over = False
+            self._stop = False
+            self._cond = threading.Condition()
         except BaseException:
             os.close(fd)
             raise
-        self.size = size
-        self._whole = memoryview(memory)
-        #: What the caller decodes: the row's size, read-only.
-        self.view = self._whole[:size].toreadonly()
-        self._got = 0  # bytes landed so far; only the helper writes it
-        self._over = False
-        self._stop = False
-        self._cond = threading.Condition()
-        self._reading = Aside(self._read, fd, key, pool="read")
+        self._reading = Aside(self._read, fd, key, pool="read")  # runs here if it must
 
     def _read(self, fd: int, key: bytes) -> str:
         """In the helper: fill the memory from ``fd`` (then closed), then hash it at once.
@@ -92,6 +91,8 @@ class Landing:
             with self._cond:
                 self._over = True
                 self._cond.notify_all()
+        if self._stop:
+            return ""  # nobody checks it: no 90 MB hash for nothing
         hasher = new_hasher(key)
         hasher.update(whole[: self._got])
         return hasher.hexdigest()

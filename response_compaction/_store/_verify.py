@@ -334,7 +334,9 @@ async def verify_file(
             check = functools.partial(_check_landed, hex_digest, size)
             value = await decoded_landing(backend, landing, schema, spans, check)
             return value if want_value else None
-    data = await read_all(backend, path)
+        data = landing  # not the size written: read here, for the checks below to refuse
+    else:
+        data = await read_all(backend, path)
     if len(data) <= WHOLE_DECODE_BYTES:
         await backend.run(check_digest, data, hex_digest, size, key)
         value = await decoded_value(data, schema, spans)
