@@ -7,7 +7,9 @@ and then hashes it, while the caller decodes slice after slice of what has lande
 (``_slices.decode_sliced`` with :meth:`Landing.landed`): the read and the hash both run beside
 the decode. Both let go of the GIL; the decode holds it. Measured on 90 MB read back (six
 reads each way, alternated in one process, both loops): 0.87-0.95x the time of the read
-before the decode, for rows, nested and short strings alike.
+before the decode, for rows, nested and short strings alike. Only from 32 MiB (the hashed
+read's ``HASHED_BYTES``): 10 MB read this way took 0.91-1.21x as long, worse in five of six
+cases (min of twelve), the helper's GIL waits costing more than the 5 ms read it hid.
 
 What is decoded is the bytes hashed: the memory is this process's own (an anonymous private
 mapping, filled once by ``readv``; later writes to the file never show in it), the decode
