@@ -9,6 +9,7 @@ API to "found means the value stored".
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -30,7 +31,7 @@ from response_compaction._canonical import Span, iter_canonical
 from response_compaction._slices import decode_sliced
 from response_compaction._store import _reading
 from response_compaction._store._fileio import current_backend
-from response_compaction._store._landing import Landing, ShortReadError
+from response_compaction._store._landing import Landing, ShortReadError, decoded_landing
 from response_compaction._store._reads import Read, check_landed
 from response_compaction._store._tx import Row as IndexRow
 from tests._store_support import TEST_KEY, entry_path, store_root
@@ -209,6 +210,60 @@ async def test_later_writes_to_the_file_never_show_in_what_landed(
     assert bytes(landing.view) == content
 
 
+async def _within(landing: Landing, seconds: float) -> tuple[Any, str]:
+    """The landing's read once it ended; ``TimeoutError`` (a hang guard) if it never does."""
+    with anyio.fail_after(seconds):
+        return await anyio.to_thread.run_sync(landing.wait, abandon_on_cancel=True)
+
+
+async def test_a_stopped_landing_reads_no_further() -> None:
+    """Fed by a pipe, so each read waits for what the test writes: once stopped, the helper
+    ends after the read under way (it would otherwise wait for the rest forever)."""
+    r, w = os.pipe()
+    landing = Landing(r, 1 << 20, TEST_KEY)
+    backend = current_backend()
+    try:
+        os.write(w, b"x" * 100)
+        await landing.landed(100, backend)
+        landing.stop()
+        with contextlib.suppress(BrokenPipeError):  # the helper may have ended already
+            os.write(w, b"y" * 100)  # ends the read under way, if any
+        data, digest = await _within(landing, 30)
+    finally:
+        os.close(w)
+    assert bytes(data) in (b"x" * 100, b"x" * 100 + b"y" * 100)
+    assert digest == ""  # not hashed: nobody checks a stopped read
+
+
+async def test_a_decode_cancelled_while_landing_stops_the_read() -> None:
+    """Cancelled at its first turn, the decode of bytes still landing tells the helper to
+    stop: the pipe feeding it is never written to the end, yet the read ends."""
+    value = big_exact(3000)
+    layout: list[Span] = []
+    data = b"".join(iter_canonical(value, 4096, layout))
+    r, w = os.pipe()
+    landing = Landing(r, len(data), TEST_KEY)
+    backend = current_backend()
+    check_calls: list[int] = []
+    try:
+        os.write(w, data[: layout[0].slices[0][1] + 1])  # the first slice, no more
+        async with anyio.create_task_group() as group:
+            group.cancel_scope.cancel()
+
+            async def decode() -> None:
+                await decoded_landing(
+                    backend, landing, Exact, tuple(layout), lambda d, h: check_calls.append(1)
+                )
+
+            group.start_soon(decode)
+        with contextlib.suppress(BrokenPipeError):  # the helper may have ended already
+            os.write(w, b" ")  # ends the read under way, if any
+        await _within(landing, 30)
+    finally:
+        os.close(w)
+    assert check_calls == []  # cancelled: nothing checked, nothing handed out
+
+
 def test_bytes_that_landed_must_be_as_many_as_the_row_says() -> None:
     """A digest that passes over one byte more than the row's size is still refused: the
     value was decoded from the row's size (a file cut to a forged size, then restored)."""
@@ -292,19 +347,23 @@ async def test_a_flipped_byte_in_a_large_entry_reads_broken(
     assert "mnnn" not in result.detail
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _opened(path: Path) -> int:
+    """How many of this process's fds are open on ``path``."""
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # closed since it was listed
+            count += os.readlink(fd) == str(path)
+    return count
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds in /proc")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads fds in /proc")
 async def test_a_read_cancelled_while_landing_closes_its_file_and_leaves_the_next_read_whole(
     harness: rc.Harness, large: tuple[str, Path]
 ) -> None:
     """Cancelled once the entry file is open (the landing started or about to): the helper
     still closes the file, and the next read of the same entry is whole."""
-    ref, _ = large
-    assert await rc.response_compaction_read_exact(harness, ref, Exact) == rc.Found(value=LARGE)
-    baseline = _open_fds()  # the store and its index are open now
+    ref, path = large
     with anyio.fail_after(60):  # a hang guard only
         async with anyio.create_task_group() as group:
 
@@ -312,10 +371,10 @@ async def test_a_read_cancelled_while_landing_closes_its_file_and_leaves_the_nex
                 await rc.response_compaction_read_exact(harness, ref, Exact)
 
             group.start_soon(read)
-            while _open_fds() <= baseline:
+            while not _opened(path):
                 await anyio.lowlevel.checkpoint()
             group.cancel_scope.cancel()
-        while _open_fds() > baseline:  # the helper, told to stop, closes the file
+        while _opened(path):  # the helper, told to stop, closes the file
             await anyio.lowlevel.checkpoint()
     assert await rc.response_compaction_read_exact(harness, ref, Exact) == rc.Found(value=LARGE)
 

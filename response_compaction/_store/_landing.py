@@ -109,9 +109,12 @@ class Landing:
             return self._cond.wait_for(lambda: self._got >= end or self._over) and self._got >= end
 
     async def read(self, backend: FileBackend) -> tuple[Data, str]:
-        """Once the read has ended: the bytes read (up to a byte past the size) and their digest."""
-        reading = self._reading
-        hex_digest = reading.wait() if reading.done() else await backend.run(reading.wait)
+        """:meth:`wait`, in a worker thread unless the read has ended already."""
+        return self.wait() if self._reading.done() else await backend.run(self.wait)
+
+    def wait(self) -> tuple[Data, str]:
+        """Blocking: once the read ended, the bytes read and their digest ("" if stopped)."""
+        hex_digest = self._reading.wait()
         return self._whole[: self._got].toreadonly(), hex_digest
 
     def stop(self) -> None:
