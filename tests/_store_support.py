@@ -6,6 +6,9 @@ import hashlib
 import hmac
 import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -309,3 +312,43 @@ def with_backend(harness: rc.Harness, backend: FileBackend) -> rc.Harness:
     return rc.Harness(
         fs=rc.LocalWorkspace(fs.path, clock=fs.clock, file_backend=backend), llm=harness.llm
     )
+
+
+_READERS = """
+import threading, anyio, response_compaction as rc
+from response_compaction._store import _reading
+from tests.schemas import FALLBACK, Exact, Summary, big_exact
+
+def readers():
+    return sum(t.name == "response-compaction-read" for t in threading.enumerate())
+
+async def main():
+    harness = rc.Harness(fs=rc.LocalWorkspace({workspace!r}))
+    options = {{"fallback": FALLBACK, "ladder": "cheap"}}
+    _reading.HASHED_BYTES = 1 << 62  # the compaction's read-back takes no read helper
+    out = await rc.response_compact(harness, big_exact({rows}), Exact, Summary, options)
+    ref = out.receipt.exact_ref
+    _reading.HASHED_BYTES = 4 << 20  # as in the tests of large reads
+    before = readers()
+    got = await {call}
+    assert isinstance(got, rc.Found), got
+    print(before, readers())
+
+anyio.run(main)
+"""
+
+
+def read_helpers_around(workspace: Path, rows: int, call: str) -> list[str]:
+    """In a fresh process: read helper threads before and after ``call`` (an expression on
+    ``harness`` and ``ref``, an entry of ``big_exact(rows)`` stored without any)."""
+    script = _READERS.format(workspace=str(workspace), rows=rows, call=call)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()

@@ -13,9 +13,6 @@ import contextlib
 import hashlib
 import hmac
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +31,7 @@ from response_compaction._store._fileio import current_backend
 from response_compaction._store._landing import Landing, ShortReadError, decoded_landing
 from response_compaction._store._reads import Read, check_landed
 from response_compaction._store._tx import Row as IndexRow
-from tests._store_support import TEST_KEY, entry_path, store_root
+from tests._store_support import TEST_KEY, entry_path, read_helpers_around, store_root
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 from tests.test_slices_properties import Holder, values
 
@@ -390,43 +387,11 @@ async def test_a_failed_read_is_raised_and_never_lands(tmp_path: Path) -> None:
         await landing.read(backend)
 
 
-_READERS = """
-import threading, anyio, response_compaction as rc
-from response_compaction._store import _reading
-from tests.schemas import FALLBACK, Exact, Summary, big_exact
-
-def readers():
-    return sum(t.name == "response-compaction-read" for t in threading.enumerate())
-
-async def main():
-    harness = rc.Harness(fs=rc.LocalWorkspace({workspace!r}))
-    options = {{"fallback": FALLBACK, "ladder": "cheap"}}
-    _reading.HASHED_BYTES = 1 << 62  # the compaction's read-back takes no read helper
-    out = await rc.response_compact(harness, big_exact({rows}), Exact, Summary, options)
-    _reading.HASHED_BYTES = 4 << 20  # as in this module's tests
-    before = readers()
-    got = await rc.response_compaction_read_exact(harness, out.receipt.exact_ref, Exact)
-    assert got == rc.Found(value=big_exact({rows})), got
-    print(before, readers())
-
-anyio.run(main)
-"""
-
-
 @pytest.mark.parametrize(("rows", "expected"), [(10_000, "0 0"), (100_000, "0 1")])
 def test_only_a_large_value_is_read_by_a_helper_as_it_is_decoded(
     tmp_path: Path, rows: int, expected: str
 ) -> None:
     """A fresh process: no read helper before ``read_exact``; one after it for a large value
     (the landing read), none for a smaller one (read whole, then decoded)."""
-    script = _READERS.format(workspace=str(tmp_path / "ws"), rows=rows)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == expected.split()
+    call = "rc.response_compaction_read_exact(harness, ref, Exact)"
+    assert read_helpers_around(tmp_path / "ws", rows, call) == expected.split()

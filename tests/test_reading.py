@@ -12,9 +12,6 @@ import errno
 import hashlib
 import hmac
 import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ import response_compaction as rc
 from response_compaction import _store
 from response_compaction._store import _reading
 from response_compaction._store._reading import read_hashed, read_limited
-from tests._store_support import TEST_KEY, entry_path, store_root
+from tests._store_support import TEST_KEY, entry_path, read_helpers_around, store_root
 from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
 pytestmark = pytest.mark.anyio
@@ -241,43 +238,11 @@ async def test_verify_reads_a_grown_entry_no_further_than_a_byte_past_its_row(
     assert "hash" in report.detail
 
 
-_READERS = """
-import threading, anyio, response_compaction as rc
-from response_compaction._store import _reading
-from tests.schemas import FALLBACK, Exact, Summary, big_exact
-
-def readers():
-    return sum(t.name == "response-compaction-read" for t in threading.enumerate())
-
-async def main():
-    harness = rc.Harness(fs=rc.LocalWorkspace({workspace!r}))
-    options = {{"fallback": FALLBACK, "ladder": "cheap"}}
-    _reading.HASHED_BYTES = 1 << 62  # the compaction's read-back takes no read helper
-    out = await rc.response_compact(harness, big_exact({rows}), Exact, Summary, options)
-    _reading.HASHED_BYTES = 4 << 20  # as in this module's tests
-    before = readers()
-    part = await rc.response_compaction_read_part(harness, out.receipt.exact_ref, pointer="/rows/0")
-    assert isinstance(part, rc.Found), part
-    print(before, readers())
-
-anyio.run(main)
-"""
-
-
 @pytest.mark.parametrize(("rows", "expected"), [(1_000, "0 0"), (100_000, "0 1")])
 def test_only_a_large_entry_is_read_by_a_helper_and_hashed_as_it_lands(
     tmp_path: Path, rows: int, expected: str
 ) -> None:
     """A fresh process: no read helper before ``read_part``; one after it for a large entry
     (the piecewise read, hashed as it lands), none for a small one (one read, one hash)."""
-    script = _READERS.format(workspace=str(tmp_path / "ws"), rows=rows)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == expected.split()
+    call = "rc.response_compaction_read_part(harness, ref, pointer='/rows/0')"
+    assert read_helpers_around(tmp_path / "ws", rows, call) == expected.split()
