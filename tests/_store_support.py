@@ -28,7 +28,7 @@ from response_compaction._store._fileio import (
     Opener,
     current_backend,
 )
-from tests.schemas import FALLBACK, Exact, Summary
+from tests.schemas import FALLBACK, Exact, Summary, big_exact
 
 ROOT_NAME = "response-compaction-v1"
 T = TypeVar("T")
@@ -352,3 +352,15 @@ def read_helpers_around(workspace: Path, rows: int, call: str) -> list[str]:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.split()
+
+
+#: About 6 MB: past the 4 MiB to which the tests of large reads lower ``HASHED_BYTES``.
+LARGE = big_exact(100_000)
+
+
+async def store_large(harness: rc.Harness) -> tuple[str, Path]:
+    """:data:`LARGE` compacted: its reference, and the path of its entry file."""
+    ref = (await compact(harness, LARGE)).receipt.exact_ref
+    path = entry_path(store_root(harness.fs), ref.removeprefix("rc1:"))
+    assert path.stat().st_size > 4 << 20  # past the thresholds as those tests lower them
+    return ref, path

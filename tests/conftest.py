@@ -9,6 +9,7 @@ import pytest
 
 import response_compaction as rc
 from response_compaction._store import _commit, _indexes
+from tests._store_support import store_large
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -64,3 +65,9 @@ def workspace(tmp_path: Path, clock: FakeClock) -> rc.LocalWorkspace:
 @pytest.fixture
 def harness(workspace: rc.LocalWorkspace) -> rc.Harness:
     return rc.Harness(fs=workspace, llm=None)
+
+
+@pytest.fixture
+async def large(harness: rc.Harness) -> tuple[str, Path]:
+    """``LARGE`` stored (about 6 MB): its reference and its entry file (``store_large``)."""
+    return await store_large(harness)

@@ -31,8 +31,8 @@ from response_compaction._store._fileio import current_backend
 from response_compaction._store._landing import Landing, ShortReadError, decoded_landing
 from response_compaction._store._reads import Read, check_landed
 from response_compaction._store._tx import Row as IndexRow
-from tests._store_support import TEST_KEY, entry_path, read_helpers_around, store_root
-from tests.schemas import FALLBACK, Exact, Summary, big_exact
+from tests._store_support import LARGE, TEST_KEY, compact, read_helpers_around
+from tests.schemas import Exact, big_exact
 from tests.test_slices_properties import Holder, values
 
 pytestmark = pytest.mark.anyio
@@ -275,17 +275,6 @@ def test_bytes_that_landed_must_be_as_many_as_the_row_says() -> None:
 
 # ----------------------------------------------------------------------------- through the API
 
-OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
-LARGE = big_exact(100_000)  # about 6 MB: decoded as it lands
-
-
-@pytest.fixture
-async def large(harness: rc.Harness) -> tuple[str, Path]:
-    compacted = await rc.response_compact(harness, LARGE, Exact, Summary, OPTIONS)
-    assert compacted.receipt.exact_bytes > LANDING_BYTES
-    ref = compacted.receipt.exact_ref
-    return ref, entry_path(store_root(harness.fs), ref.removeprefix("rc1:"))
-
 
 async def test_a_large_value_reads_back_exactly(
     harness: rc.Harness, large: tuple[str, Path]
@@ -297,8 +286,7 @@ async def test_a_large_value_reads_back_exactly(
 
 async def test_a_large_value_compacted_as_exact_is_the_value(harness: rc.Harness) -> None:
     """The compaction's read-back decodes as it lands too, and hands back that value."""
-    options = {**OPTIONS, "summarize_above_bytes": 1 << 30}
-    compacted = await rc.response_compact(harness, LARGE, Exact, Summary, options)
+    compacted = await compact(harness, LARGE, summarize_above_bytes=1 << 30)
     assert compacted.output.kind == "exact"
     assert compacted.output.value == LARGE
 

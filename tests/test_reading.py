@@ -23,8 +23,8 @@ import response_compaction as rc
 from response_compaction import _store
 from response_compaction._store import _reading
 from response_compaction._store._reading import read_hashed, read_limited
-from tests._store_support import TEST_KEY, entry_path, read_helpers_around, store_root
-from tests.schemas import FALLBACK, Exact, Summary, big_exact
+from tests._store_support import LARGE, TEST_KEY, read_helpers_around
+from tests.schemas import Exact
 
 pytestmark = pytest.mark.anyio
 PIECE = 2 << 20
@@ -154,17 +154,6 @@ def test_a_sparse_terabyte_read_whole_is_an_oserror_not_a_crash(tmp_path: Path) 
 
 
 # ----------------------------------------------------------------------------- through the API
-
-OPTIONS = {"fallback": FALLBACK, "ladder": "cheap"}
-LARGE = big_exact(100_000)  # about 6 MB: its parts are hashed as read
-
-
-@pytest.fixture
-async def large(harness: rc.Harness) -> tuple[str, Path]:
-    compacted = await rc.response_compact(harness, LARGE, Exact, Summary, OPTIONS)
-    assert compacted.receipt.exact_bytes > PAGED_BYTES
-    ref = compacted.receipt.exact_ref
-    return ref, entry_path(store_root(harness.fs), ref.removeprefix("rc1:"))
 
 
 async def test_parts_and_values_of_a_large_entry_read_back_exactly(
