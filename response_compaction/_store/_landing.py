@@ -99,6 +99,10 @@ class Landing:
         hasher.update(whole[: self._got])
         return hasher.hexdigest()
 
+    def holds(self, end: int) -> bool:
+        """Whether the first ``end`` bytes have landed by now."""
+        return self._got >= end
+
     async def landed(self, end: int, backend: FileBackend) -> None:
         """Return once the first ``end`` bytes have landed; :class:`ShortReadError` if never."""
         if self._got < end and not await backend.run(self._wait_for, end):
@@ -158,7 +162,14 @@ async def decoded_landing(
     """
 
     async def landed(end: int) -> None:
-        await landing.landed(end, backend)
+        if landing.holds(end):
+            return
+        turn = cpu_turn()
+        turn.release()  # others' CPU steps on this loop need not wait for these bytes
+        try:
+            await landing.landed(end, backend)
+        finally:
+            await turn.take_back()
 
     try:
         with paused_gc():
