@@ -33,7 +33,7 @@ from .._slices import Span, decode_sliced
 from ._aside import Aside
 from ._fileio import FileBackend
 from ._paths import Kind, open_regular, valid_name
-from ._reading import PIECE, Data, fresh, read_limited
+from ._reading import Data, fill, fresh, read_limited
 from ._tree import Tree
 from ._turns import cpu_turn, next_turn
 
@@ -80,14 +80,7 @@ class Landing:
         """
         whole = self._whole
         try:
-            while self._got < len(whole) and not self._stop:
-                at = self._got
-                count = os.readv(fd, [whole[at : at + min(_MOST, max(PIECE, at))]])
-                if count <= 0:
-                    break
-                with self._cond:
-                    self._got = at + count  # landed: the decode may go on
-                    self._cond.notify_all()
+            fill(fd, whole, self._landed, _MOST, lambda: self._stop)
         finally:
             os.close(fd)
             with self._cond:
@@ -98,6 +91,11 @@ class Landing:
         hasher = new_hasher(key)
         hasher.update(whole[: self._got])
         return hasher.hexdigest()
+
+    def _landed(self, end: int) -> None:
+        with self._cond:
+            self._got = end  # the decode may go on
+            self._cond.notify_all()
 
     def holds(self, end: int) -> bool:
         """Whether the first ``end`` bytes have landed by now."""

@@ -24,11 +24,12 @@ import errno
 import mmap
 import os
 import queue
+from collections.abc import Callable
 
 from .._digest import digest_hex, new_hasher
 from ._aside import Aside
 
-__all__ = ["HASHED_BYTES", "PIECE", "Data", "fresh", "read_hashed", "read_limited"]
+__all__ = ["HASHED_BYTES", "Data", "fill", "fresh", "read_hashed", "read_limited"]
 
 #: The bytes of an entry as read: ``bytes``, or a read-only view of fresh memory when large.
 Data = bytes | memoryview
@@ -120,20 +121,30 @@ def fresh(size: int) -> mmap.mmap:
     return memory
 
 
-def _fill(fd: int, view: memoryview, landed: queue.SimpleQueue[int]) -> int:
-    """Read ``fd`` into ``view`` until it is full or the file ends: how many bytes came.
+def fill(
+    fd: int,
+    view: memoryview,
+    landed: Callable[[int], object],
+    most: int = PIECE,
+    stopped: Callable[[], bool] = lambda: False,
+) -> int:
+    """Read ``fd`` into ``view`` until it is full, the file ends or ``stopped()``: the count.
 
-    The end of what has been read so far is put in ``landed`` after each piece, then -1
-    (also when a read fails).
+    ``landed(end)`` is called after each piece; pieces grow from ``PIECE`` up to ``most``.
     """
     got, size = 0, len(view)
+    while got < size and not stopped():
+        count = os.readv(fd, [view[got : got + min(most, max(PIECE, got))]])
+        if count <= 0:
+            break
+        got += count
+        landed(got)
+    return got
+
+
+def _fill(fd: int, view: memoryview, landed: queue.SimpleQueue[int]) -> int:
+    """:func:`fill` in 2 MiB pieces, each end put in ``landed``, then -1 (also on failure)."""
     try:
-        while got < size:
-            count = os.readv(fd, [view[got : min(got + PIECE, size)]])
-            if count <= 0:
-                break
-            got += count
-            landed.put(got)
+        return fill(fd, view, landed.put)
     finally:
         landed.put(-1)
-    return got
