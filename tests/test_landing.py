@@ -31,6 +31,7 @@ from response_compaction._store._fileio import current_backend
 from response_compaction._store._landing import Landing, ShortReadError, decoded_landing
 from response_compaction._store._reads import Read, check_landed
 from response_compaction._store._tx import Row as IndexRow
+from response_compaction._store._verify import verify_file
 from tests._store_support import LARGE, TEST_KEY, compact, read_helpers_around
 from tests.schemas import Exact, big_exact
 from tests.test_slices_properties import Holder, values
@@ -375,6 +376,92 @@ async def test_a_failed_read_is_raised_and_never_lands(tmp_path: Path) -> None:
         await landing.landed(1, backend)
     with pytest.raises(IsADirectoryError):
         await landing.read(backend)
+
+
+# ----------------------------------------------------------------------------- the read-back
+
+
+class Recording:
+    """The library's own backend, noting the blocking calls it runs (``land_file`` among them)."""
+
+    def __init__(self) -> None:
+        self.inner = current_backend()
+        self.name = self.inner.name
+        self.ran: list[str] = []
+
+    async def open(self, path: str, mode: Any, opener: Any) -> Any:
+        return await self.inner.open(path, mode, opener)
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        self.ran.append(getattr(fn, "__name__", ""))
+        return await self.inner.run(fn, *args)
+
+
+@pytest.fixture(scope="module")
+def written() -> tuple[bytes, str, tuple[Span, ...]]:
+    """:data:`LARGE` as a compaction writes it: its bytes, keyed digest and layout."""
+    layout: list[Span] = []
+    data = b"".join(iter_canonical(LARGE, 1 << 20, layout))
+    assert len(data) > LANDING_BYTES
+    assert layout
+    return data, _keyed(data), tuple(layout)
+
+
+async def _read_back(
+    backend: Recording, path: Path, written: tuple[bytes, str, tuple[Span, ...]], *, want: bool
+) -> Any:
+    data, hex_digest, spans = written
+    return await verify_file(backend, str(path), hex_digest, len(data), Exact, spans, TEST_KEY,
+                             want_value=want, use_worker=False, land=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("want", [True, False])
+async def test_a_compactions_read_back_lands_the_file_written(
+    tmp_path: Path, written: tuple[bytes, str, tuple[Span, ...]], want: bool
+) -> None:
+    """The bytes written, read back as they land: the value (or None when nobody wants it)."""
+    path, backend = tmp_path / "temp", Recording()
+    path.write_bytes(written[0])
+    assert await _read_back(backend, path, written, want=want) == (LARGE if want else None)
+    assert "land_file" in backend.ran
+
+
+def _grown(data: bytes) -> bytes:
+    return data + b" "
+
+
+def _cut(data: bytes) -> bytes:
+    return data[:-1]
+
+
+def _first(data: bytes) -> bytes:
+    at = data.index(b"nnnn")
+    return data[:at] + b"m" + data[at + 1 :]
+
+
+def _last(data: bytes) -> bytes:
+    at = data.rindex(b"nnnn")
+    return data[:at] + b"m" + data[at + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "why"),
+    [(_first, "match their digest"), (_last, "match their digest"),
+     (_grown, "not as long"), (_cut, "not as long")],
+)  # fmt: skip
+@pytest.mark.parametrize("want", [True, False])
+async def test_a_file_changed_between_write_and_read_back_is_refused(
+    tmp_path: Path, written: tuple[bytes, str, tuple[Span, ...]], tamper: Any, why: str,
+    want: bool,
+) -> None:  # fmt: skip
+    """Whatever changed the temp file after it was written (a flipped byte that still
+    decodes, a byte more or less), the read-back refuses it, saying why without content."""
+    path, backend = tmp_path / "temp", Recording()
+    path.write_bytes(tamper(written[0]))
+    with pytest.raises(ValueError, match=why) as raised:
+        await _read_back(backend, path, written, want=want)
+    assert "land_file" in backend.ran
+    assert "nnn" not in str(raised.value)
 
 
 @pytest.mark.parametrize(("rows", "expected"), [(10_000, "0 0"), (100_000, "0 1")])
