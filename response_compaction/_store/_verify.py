@@ -350,8 +350,7 @@ def _check_landed(hex_digest: str, size: int, data: Data, found: str) -> None:
     """:func:`check_digest` of bytes read by a ``Landing``, whose keyed digest is ``found``."""
     if len(data) != size:
         raise ValueError("the bytes read back are not as long as those written")
-    if not hmac.compare_digest(found, hex_digest):
-        raise ValueError("the bytes read back do not match their digest")
+    check_digest_of(found, hex_digest)
 
 
 def check_entry(root: str, entry: Entry, expired: bool, secret: bytes) -> EntryReport:
