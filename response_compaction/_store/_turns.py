@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import anyio
 import anyio.lowlevel
+import sniffio
 from anyio.lowlevel import RunVar
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "next_turn",
     "others_storing",
     "pace",
+    "soon",
     "storing",
     "writer_turn",
 ]
@@ -194,3 +197,19 @@ def storing() -> Iterator[None]:
 def others_storing() -> bool:
     """Whether this event loop is storing another value beside the caller's (see storing)."""
     return _storing_count()[0] > 1
+
+
+def soon(fn: Callable[..., object], *args: Any) -> None:
+    """Call ``fn(*args)`` on this event loop's thread once the running task has yielded.
+
+    For work the caller should not wait for, started only after its call has returned: a
+    helper began any earlier shares the GIL with the rest of the call (see ``_medium``).
+    """
+    if sniffio.current_async_library() == "trio":
+        import trio.lowlevel  # only ever on a trio loop, which imported it
+
+        trio.lowlevel.current_trio_token().run_sync_soon(fn, *args)
+        return
+    import asyncio  # here, not at the top: already loaded when asyncio runs; 20-30 ms otherwise
+
+    asyncio.get_running_loop().call_soon(fn, *args)
