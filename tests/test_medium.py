@@ -229,31 +229,32 @@ class _Watched(msgspec.Struct, frozen=True, weakref=True):
 async def test_a_medium_value_nobody_wants_is_freed_only_after_the_call_returned(
     harness: rc.Harness,
 ) -> None:
-    """The read-back's value of a compaction that returns the fallback is not freed inside
-    the call (for 1 MB of rows that held the call 1-2 ms): it is still alive when the call
-    returns, and dies in a ``drop`` helper once the caller's task has yielded."""
+    """The read-back's value of a compaction that returns the fallback, stored or renewed, is
+    not freed inside the call (for 1 MB of rows that held the call 1-2 ms): it is still alive
+    when the call returns, and dies in a ``drop`` helper once the caller's task has yielded."""
     value = _Watched(rows=big_exact(MEDIUM_ROWS).rows, total=MEDIUM_ROWS)
     opts = {"fallback": FALLBACK, "ladder": "none", "summarize_above_bytes": 32_000}
-    _WATCHED.clear()
-    out = await rc.response_compact(harness, value, _Watched, Summary, opts)
-    assert (out.output.kind, out.receipt.exact_cache) == ("fallback", "stored")
-    # The read-back is decoded on the worker thread that carries the call (the encoder's
-    # own copies are made here, on the loop's).
-    (decoded,) = [ref for ident, ref in _WATCHED if ident != threading.get_ident()]
-    alive = decoded()
-    assert alive is not None
-    assert alive is not value
-    freed: list[str] = []
-    done = threading.Event()
+    for cache in ("stored", "reused"):
+        _WATCHED.clear()
+        out = await rc.response_compact(harness, value, _Watched, Summary, opts)
+        assert (out.output.kind, out.receipt.exact_cache) == ("fallback", cache)
+        # The bytes are decoded on the worker thread that carries the call (the encoder's
+        # own copies are made here, on the loop's).
+        (decoded,) = [ref for ident, ref in _WATCHED if ident != threading.get_ident()]
+        alive = decoded()
+        assert alive is not None
+        assert alive is not value
+        freed: list[str] = []
+        done = threading.Event()
 
-    def note() -> None:
-        freed.append(threading.current_thread().name)
-        done.set()
+        def note(names: list[str] = freed, event: threading.Event = done) -> None:
+            names.append(threading.current_thread().name)
+            event.set()
 
-    weakref.finalize(alive, note)
-    del alive
-    assert await anyio.to_thread.run_sync(done.wait, 10)
-    assert freed[0].startswith("response-compaction-drop")
+        weakref.finalize(alive, note)
+        del alive
+        assert await anyio.to_thread.run_sync(done.wait, 10)
+        assert freed[0].startswith("response-compaction-drop")
 
 
 async def test_a_medium_value_already_live_is_renewed_without_an_fsync(

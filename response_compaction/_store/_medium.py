@@ -118,7 +118,7 @@ def _written_unless_live(
     of such a schema. A hit discards the file before any fsync.
     """
 
-    def look(hex_digest: str) -> tuple[Any] | None:
+    def look(hex_digest: str) -> _Renewed | None:
         return _renew_here(root, item(hex_digest), pieces, schema, want_value)
 
     here = None if decodes_plainly(schema) else look
@@ -130,7 +130,7 @@ def _written_unless_live(
             hex_digest, renewed = _looked(ahead, here)
             if renewed is None:
                 raise
-            return _Done(None, hex_digest, renewed[0], True)
+            return _Done(None, hex_digest, *renewed)
         except BaseException:
             ahead.join()
             raise
@@ -143,24 +143,32 @@ def _written_unless_live(
         raise
     if renewed is not None:
         temp.discard(published=False)  # never synced: closed and unlinked at once
-        return _Done(None, hex_digest, renewed[0], True)
+        return _Done(None, hex_digest, *renewed)
     return temp, hex_digest
 
 
-_Look = Callable[[str], "tuple[Any] | None"]
+class _Renewed(NamedTuple):
+    """A live entry renewed instead of written: its value if wanted, else what to let go of."""
+
+    value: Any
+    reused: bool
+    dropped: list[Any] | None
+
+
+_Look = Callable[[str], "_Renewed | None"]
 
 
 def _digest_then(
     key: bytes, pieces: Sequence[bytes | memoryview], look: _Look | None
-) -> tuple[str, tuple[Any] | None]:
+) -> tuple[str, _Renewed | None]:
     """Blocking: the keyed digest of ``pieces``, and ``look(digest)`` (the renewal) if given."""
     hex_digest = digest_pieces(key, pieces)
     return hex_digest, None if look is None else look(hex_digest)
 
 
 def _looked(
-    ahead: Aside[tuple[str, tuple[Any] | None]], here: _Look | None
-) -> tuple[str, tuple[Any] | None]:
+    ahead: Aside[tuple[str, _Renewed | None]], here: _Look | None
+) -> tuple[str, _Renewed | None]:
     """``ahead``'s digest and renewal; ``here``: the look made now, on this thread, instead."""
     hex_digest, renewed = ahead.wait()
     return hex_digest, renewed if here is None else here(hex_digest)
@@ -169,10 +177,11 @@ def _looked(
 def _renew_here(
     root: str, publication: Publication, pieces: Sequence[bytes | memoryview], schema: Any,
     want_value: bool,
-) -> tuple[Any] | None:  # fmt: skip
+) -> _Renewed | None:  # fmt: skip
     """Blocking: renew the entry ``publication`` names if live, intact and ``pieces``.
 
-    (the value, or None if nobody wants it) when renewed; None when it is to be written.
+    What was renewed (the value, or the value to let go of once the call has returned, as
+    ``_store_here`` does); None when it is to be written.
 
     A hit read, compared and decoded the stored bytes and renewed the row (3-4 ms for 1 MB),
     where writing them again cost a whole store (10-11 ms, more than a fresh one).
@@ -185,12 +194,9 @@ def _renew_here(
         return None
     if put is None:
         return None
-    checked = [put.value]
-    del put
     if want_value:
-        return (checked.pop(),)
-    let_go(checked)  # freed beside the caller's return, not before it
-    return (None,)
+        return _Renewed(put.value, True, None)
+    return _Renewed(None, True, [put.value])
 
 
 def _write_steps(fd: int, steps: Sequence[memoryview]) -> None:
