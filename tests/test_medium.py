@@ -226,13 +226,16 @@ class _Watched(msgspec.Struct, frozen=True, weakref=True):
         _WATCHED.append((threading.get_ident(), weakref.ref(self)))
 
 
-async def test_a_medium_value_nobody_wants_is_freed_only_after_the_call_returned(
-    harness: rc.Harness,
+@pytest.mark.parametrize("rows", [2_500, MEDIUM_ROWS], ids=["150 KB", "960 KB"])
+async def test_a_value_nobody_wants_is_freed_only_after_the_call_returned(
+    harness: rc.Harness, rows: int
 ) -> None:
     """The read-back's value of a compaction that returns the fallback, stored or renewed, is
     not freed inside the call (for 1 MB of rows that held the call 1-2 ms): it is still alive
-    when the call returns, and dies in a ``drop`` helper once the caller's task has yielded."""
-    value = _Watched(rows=big_exact(MEDIUM_ROWS).rows, total=MEDIUM_ROWS)
+    when the call returns, and dies in a ``drop`` helper once the caller's task has yielded.
+    Both sizes of one-hop puts: a small value's and a medium one's."""
+    value = _Watched(rows=big_exact(rows).rows, total=rows)
+    assert 64 << 10 < len(canonical(value)) <= (256 << 10 if rows < MEDIUM_ROWS else MEDIUM_BYTES)
     opts = {"fallback": FALLBACK, "ladder": "none", "summarize_above_bytes": 32_000}
     for cache in ("stored", "reused"):
         _WATCHED.clear()

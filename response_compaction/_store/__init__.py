@@ -52,6 +52,7 @@ from .._harness import LocalWorkspace
 from .._models import Broken, Found, Missing
 from .._slices import decode_layout
 from . import _verify
+from ._aside import let_go
 from ._clocks import finite_clock
 from ._commit import prune_all, publish, remove_entry
 from ._fileio import FileBackend, current_backend
@@ -62,7 +63,7 @@ from ._oneshot import SMALL_BYTES, put_small
 from ._paths import KINDS, PROCESS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
 from ._reads import NOT_INLINE, check_read, found_landing, read_checked, read_inline, record_read
 from ._stepwise import Stored
-from ._turns import STEPS_SECONDS, cpu_turn, pace, storing
+from ._turns import STEPS_SECONDS, cpu_turn, pace, soon, storing
 from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_beside, decoded_value
 
 __all__ = [
@@ -266,6 +267,8 @@ class Store(Medium):
             else:
                 await pace()  # also the cancellation point, as after a read served inline
         value = done.value if row.size <= want_value_up_to else None
+        if row.size > want_value_up_to and row.size >= GC_PAUSE_BYTES:  # nobody wants it:
+            soon(let_go, [done.value])  # freed after the call (see _medium), not in it
         return Stored(hex_digest=hex_digest, size=row.size, reused=done.reused, value=value)
 
     async def get(self, kind: Kind, key: str, schema: Any) -> Found[Any] | Missing | Broken:
