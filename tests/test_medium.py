@@ -260,6 +260,42 @@ async def test_a_value_nobody_wants_is_freed_only_after_the_call_returned(
         assert freed[0].startswith("response-compaction-drop")
 
 
+async def test_a_large_value_verified_here_nobody_wants_is_freed_in_a_helper(
+    harness: rc.Harness,
+) -> None:
+    """A value over the medium size whose schema cannot travel to a worker process (a local
+    class) is verified in the caller, and nobody wants it: it dies in a ``drop`` helper, a
+    slice at a time, not at the end of the call on the loop's thread (52 MB froze the loop
+    95-104 ms there). The call's own later steps may overlap that free."""
+    born: list[int] = []
+    died_on: dict[int, str] = {}
+    last_died = threading.Event()
+
+    def died(i: int) -> None:
+        died_on[i] = threading.current_thread().name
+        if i == born[-1]:
+            last_died.set()
+
+    class Local(msgspec.Struct, frozen=True, weakref=True):
+        rows: list[Row]
+        total: int
+
+        def __post_init__(self) -> None:
+            born.append(len(born))
+            weakref.finalize(self, died, born[-1])
+
+    rows = 50_000
+    value = Local(rows=big_exact(rows).rows, total=rows)
+    assert len(canonical(value)) > MEDIUM_BYTES
+    opts = {"fallback": FALLBACK, "ladder": "none", "summarize_above_bytes": 32_000}
+    out = await rc.response_compact(harness, value, Local, Summary, opts)
+    assert (out.output.kind, out.receipt.exact_cache) == ("fallback", "stored")
+    assert len(born) >= 2  # the caller's value, and the read-back's, made last
+    assert await anyio.to_thread.run_sync(last_died.wait, 10)
+    assert died_on[born[-1]].startswith("response-compaction-drop")
+    assert 0 not in died_on  # the caller's own value lives on
+
+
 async def test_a_medium_value_already_live_is_renewed_without_an_fsync(
     harness: rc.Harness, workspace: rc.LocalWorkspace
 ) -> None:
