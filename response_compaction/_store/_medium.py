@@ -264,10 +264,10 @@ class Medium(Stepwise):
                 _store_here, self.root, name, pieces, size, schema, self._key, want_value, item
             )
             if done.dropped:
-                # Freeing 1 MB of decoded rows took 0.8-2.2 ms here (not 0.5): freed in the
-                # worker while the file's fsync ran, it outlasted the fsync by about that,
-                # and a helper begun before the call returned shared the GIL with the rest
-                # of it. So it starts once the caller's task yields, the receipt its own.
+                # Freeing 1 MB of decoded rows took 0.8-2.2 ms (not 0.5): done in the worker
+                # while the file's fsync ran, it outlasted the fsync by nearly that much, and
+                # a helper begun before the call returned shared the GIL with the rest of it.
+                # So the free starts once the caller's task yields, the receipt its own.
                 soon(let_go, done.dropped)
             reused = done.reused
             if reused is None:  # the index was busy: publish patiently, then clean up
