@@ -40,7 +40,7 @@ from ._paths import (
     unlink_quietly,
     valid_name,
 )
-from ._reading import read_limited
+from ._reading import Data, read_cached, read_limited
 from ._tree import Tree, tree
 from ._verify import check_digest
 
@@ -50,6 +50,7 @@ __all__ = [
     "Put",
     "put_small",
     "read_entry",
+    "read_entry_cached",
     "read_regular",
     "renew_intact",
     "renewable",
@@ -265,13 +266,30 @@ def _checked(
 
 
 def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
-    if not valid_name(kind, key):
-        raise UnsafeStoreError("not an entry name", kind)
-    fan_fd = dirs.fanout(kind, key)
+    fan_fd = _fanout(dirs, kind, key)
     try:
         return read_regular(key, fan_fd, limit)
     finally:
         os.close(fan_fd)
+
+
+def read_entry_cached(dirs: Tree, kind: Kind, key: str, limit: int) -> Data:
+    """:func:`read_entry` from the page cache only (``BlockingIOError`` if it would wait)."""
+    fan_fd = _fanout(dirs, kind, key)
+    try:
+        fd, st = open_regular(key, fan_fd)
+    finally:
+        os.close(fan_fd)
+    try:
+        return read_cached(fd, limit, st.st_size)
+    finally:
+        os.close(fd)
+
+
+def _fanout(dirs: Tree, kind: Kind, key: str) -> int:
+    if not valid_name(kind, key):
+        raise UnsafeStoreError("not an entry name", kind)
+    return dirs.fanout(kind, key)
 
 
 def read_regular(name: str, dir_fd: int, limit: int = -1) -> bytes:

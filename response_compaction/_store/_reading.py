@@ -29,7 +29,16 @@ from collections.abc import Callable
 from .._digest import digest_hex, new_hasher
 from ._aside import Aside
 
-__all__ = ["HASHED_BYTES", "Data", "fill", "fresh", "read_hashed", "read_limited"]
+__all__ = [
+    "CAN_READ_CACHED",
+    "HASHED_BYTES",
+    "Data",
+    "fill",
+    "fresh",
+    "read_cached",
+    "read_hashed",
+    "read_limited",
+]
 
 #: The bytes of an entry as read: ``bytes``, or a read-only view of fresh memory when large.
 Data = bytes | memoryview
@@ -54,6 +63,32 @@ def read_limited(fd: int, limit: int, st_size: int = -1) -> bytes:
     except MemoryError:
         # A planted sparse file as large as a forged row claims: unreadable, not a crash.
         raise OSError(errno.ENOMEM, _TOO_LARGE) from None
+
+
+#: Whether a read can ask for only what the page cache holds (Linux's ``RWF_NOWAIT``).
+CAN_READ_CACHED = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
+
+
+def read_cached(fd: int, limit: int, st_size: int) -> Data:
+    """:func:`read_limited` of a file the page cache holds whole, without waiting on a disk.
+
+    Raises ``BlockingIOError`` when the read would wait (``RWF_NOWAIT``: some of the file is
+    not in memory), the flag is refused, or the file is not as long as its fstat said (empty,
+    cut short, or grown but within ``limit``): :func:`read_limited` then reads it where
+    waiting is fine. The bytes land in a ``bytearray`` returned as a read-only view: copying
+    1 MB into a ``bytes`` cost 0.5-0.9 ms here, more than the read.
+    """
+    want = min(limit, st_size) + 1
+    if st_size <= 0 or not CAN_READ_CACHED:
+        raise BlockingIOError(errno.EAGAIN, "not read from the page cache")
+    buffer = bytearray(want)
+    try:
+        got = os.preadv(fd, [buffer], 0, os.RWF_NOWAIT)
+    except OSError as exc:  # EAGAIN: not all cached; EOPNOTSUPP, EINVAL: no such reads here
+        raise BlockingIOError(errno.EAGAIN, "not read from the page cache") from exc
+    if got not in (st_size, limit + 1):  # part cached, or the file changed since its fstat
+        raise BlockingIOError(errno.EAGAIN, "not read from the page cache")
+    return memoryview(buffer)[:got].toreadonly()
 
 
 def read_hashed(fd: int, limit: int, key: bytes, st_size: int = -1) -> tuple[Data, str]:

@@ -9,6 +9,15 @@ slower on two cores: the helper's wake-up and the GIL's hand-back cost more than
 hid (1 MB, read in one process alternating both: 0.3-0.5 ms more at the minimum, up to 1 ms
 at the median, for rows, nested and strings alike). Near the 2 MB limit it depends on the
 shape: 1.9 MB of rows still read faster here, 1.9 MB of short strings 1-2 ms slower.
+
+Up to 2 MB, an entry the page cache holds whole is read on the loop's thread instead, with
+no hop (``_reading.read_cached``: Linux's ``RWF_NOWAIT`` asks only for what is in memory, and
+a read that would wait goes to the worker thread as before). The hop itself cost 0.3-0.5 ms
+here, most of it waking a worker thread on an idle core and then the loop: the thread's
+read began 0.33-0.37 ms after the call did (1 MB, at the minimum). The decode held the GIL
+either way, so the loop's longest freeze did not grow (1 MB reads: 2.5-9.0 ms, against
+3.4-7.5 before); the read itself took 2.9-5.3 ms instead of 3.5-8.1 (two runs each of
+``python -m benchmarks --only big --sizes 1``, alternating; rows, nested, strings).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from . import _indexes, _reading
 from ._fileio import FileBackend
 from ._index import CorruptRowError, IndexBusy, Row
 from ._landing import Landing, decoded_landing, land_entry
-from ._oneshot import INDEX_ERRORS, read_entry
+from ._oneshot import INDEX_ERRORS, read_entry, read_entry_cached
 from ._paths import Kind, NotRegularFileError
 from ._reading import Data
 from ._tree import Tree, release_now, tree, tree_now
@@ -56,6 +65,8 @@ T = TypeVar("T")
 
 #: Entries up to this size are read on the event loop thread (see :func:`read_inline`).
 INLINE_READ_BYTES = 64 << 10
+#: Entries up to this size are read there too when the page cache holds them whole.
+CACHED_READ_BYTES = WHOLE_DECODE_BYTES
 #: What :func:`read_inline` returns when the read must take a worker thread.
 NOT_INLINE: Any = object()
 
@@ -64,7 +75,7 @@ class Read(NamedTuple):
     """An entry read: its row, its bytes, and its value if decoded already."""
 
     row: Row
-    data: bytes
+    data: Data
     #: ``(value,)`` or what the decode raised, when decoded in the read's hop; None: not.
     decoded: tuple[Any] | Exception | None = None
     #: False: the bytes are still to be checked, beside their decode in slices (the caller's).
@@ -184,7 +195,7 @@ def check_landed(
     check_trusted_digest(hex_digest, kind, key, read.row.digest, secret)
 
 
-def _problem(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> str | None:
+def _problem(data: Data, kind: Kind, key: str, recorded: str, secret: bytes) -> str | None:
     """What is wrong with ``data`` against what is trusted, or None.
 
     The reference (or, for a summary, the sealed row) is the only digest trusted.
@@ -202,7 +213,8 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
     A hop to a worker thread costs more than reading, hashing and decoding a few KB from the
     page cache, so a small entry is read right here, provided nothing would make the loop
     wait: the index must already be open and its reader free this instant, and the row must
-    say at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read).
+    say at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read), or
+    at most ``CACHED_READ_BYTES`` of a file the page cache holds whole (``read_cached``).
     Otherwise ``NOT_INLINE``: take the worker thread. A batch of recorded uses that is due (a
     commit) is written by a helper thread.
     """
@@ -221,16 +233,22 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
                 raise
         if row is None or row.expires_at <= max(now, row.attested):
             return None
-        if row.size > INLINE_READ_BYTES:
+        if row.size > (CACHED_READ_BYTES if _reading.CAN_READ_CACHED else INLINE_READ_BYTES):
             return NOT_INLINE
         dirs = tree_now(root, kind)
         if dirs is None:
             return NOT_INLINE  # not opened yet, changed, or removed (remaking writes)
         try:
-            data = _read_untrusted(dirs, kind, key, INLINE_READ_BYTES)
+            data: Data | str | None
+            if row.size <= INLINE_READ_BYTES:
+                data = _read_untrusted(dirs, kind, key, INLINE_READ_BYTES)
+            else:
+                data = _untrusted(read_entry_cached, dirs, kind, key, row.size)
+        except BlockingIOError:  # not all in the page cache: read where a wait does no harm
+            return NOT_INLINE
         finally:
             release_now(dirs)
-        if isinstance(data, bytes):
+        if isinstance(data, bytes | memoryview):
             problem = _problem(data, kind, key, row.digest, secret)
             if problem is not None:
                 return problem

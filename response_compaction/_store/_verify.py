@@ -214,7 +214,7 @@ def opened_layout(
     return open_layout(stored, _layout_signer(secret, kind, key, recorded))
 
 
-def check_trusted(data: bytes, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
+def check_trusted(data: Data, kind: Kind, key: str, recorded: str, secret: bytes) -> None:
     """Raise ``ValueError`` unless ``data`` is what ``key`` names (exact) or was sealed to it."""
     check_trusted_digest(digest_hex(secret, data), kind, key, recorded, secret)
 
@@ -246,7 +246,7 @@ async def read_all(
             await file.close()
 
 
-async def decoded_value(data: bytes, schema: Any, spans: tuple[Span, ...]) -> Any:
+async def decoded_value(data: bytes | memoryview, schema: Any, spans: tuple[Span, ...]) -> Any:
     """Decode digest-checked ``data``, in slices when it is large."""
     if len(data) < GC_PAUSE_BYTES:
         return decode_exact(data, schema)

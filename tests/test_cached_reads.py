@@ -1,0 +1,152 @@
+"""Medium entries the page cache holds whole are read on the loop's thread, and checked there.
+
+``_reading.read_cached`` asks the kernel only for bytes already in memory (``RWF_NOWAIT``);
+anything it cannot vouch it read whole goes to a worker thread as before. Which thread
+opened an entry is seen through the ``open`` audit event (``os.open`` raises it), and an
+entry is pushed out of the page cache with ``POSIX_FADV_DONTNEED``, so each path is taken
+for real.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import response_compaction as rc
+from response_compaction._store import _reading
+from response_compaction._store._reading import read_cached
+from tests._store_support import compact, entry_path, hex_of, ref_of, store_root
+from tests.schemas import Exact, big_exact
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not _reading.CAN_READ_CACHED, reason="no RWF_NOWAIT reads here"),
+]
+
+#: About 600 KB: past the 64 KB read inline anyway, within the 2 MB read from the cache.
+MEDIUM = big_exact(10_000)
+#: Names of the entries being watched, and the threads that opened them, in order.
+_WATCHED: dict[str, list[str]] = {}
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    if event == "open" and _WATCHED and isinstance(args[0], str) and args[0] in _WATCHED:
+        _WATCHED[args[0]].append(threading.current_thread().name)
+
+
+sys.addaudithook(_audit)  # once per process: a hook cannot be removed; idle when none watched
+
+
+@pytest.fixture
+def opened_by() -> Iterator[list[str]]:
+    """The threads that open :data:`MEDIUM`'s entry file while the test runs."""
+    seen: list[str] = []
+    _WATCHED[hex_of(MEDIUM)] = seen
+    try:
+        yield seen
+    finally:
+        _WATCHED.clear()
+
+
+def _evict(path: Path) -> None:
+    """Drop ``path``'s pages from the page cache (clean pages: the store fsynced them).
+
+    Not checked by reading from the cache: a read refused for want of pages starts reading
+    them in (readahead), which is just what the library's own refused read does too.
+    """
+    if _mount_type(path) in ("tmpfs", "ramfs"):
+        pytest.skip("this file system keeps every file in memory")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _mount_type(path: Path) -> str:
+    """The file system type of the mount holding ``path`` (longest mount point above it)."""
+    best, kind = "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        point = fields[1].replace("\\040", " ")
+        if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+async def _stored(harness: rc.Harness) -> Path:
+    out = await compact(harness, MEDIUM, summarize_above_bytes=1000)
+    assert out.receipt.exact_cache == "stored"
+    path = entry_path(store_root(harness.fs), hex_of(MEDIUM))
+    assert 64 << 10 < path.stat().st_size < 2 << 20
+    return path
+
+
+async def test_a_cached_medium_entry_is_read_on_the_loop(
+    harness: rc.Harness, opened_by: list[str]
+) -> None:
+    await _stored(harness)
+    opened_by.clear()
+    found = await rc.response_compaction_read_exact(harness, ref_of(MEDIUM), Exact)
+    assert found == rc.Found(value=MEDIUM)
+    assert opened_by == [threading.current_thread().name]
+
+
+async def test_an_entry_not_in_the_page_cache_is_read_in_a_worker_thread(
+    harness: rc.Harness, opened_by: list[str]
+) -> None:
+    path = await _stored(harness)
+    _evict(path)
+    opened_by.clear()
+    found = await rc.response_compaction_read_exact(harness, ref_of(MEDIUM), Exact)
+    assert found == rc.Found(value=MEDIUM)
+    # Tried from the cache on the loop (it would have waited), then read by a worker.
+    assert len(opened_by) == 2
+    assert opened_by[0] == threading.current_thread().name
+    assert opened_by[1] != threading.current_thread().name
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda b: b[:1000] + bytes([b[1000] ^ 1]) + b[1001:], id="a-byte-flipped"),
+        pytest.param(lambda b: b + b" ", id="a-byte-longer"),
+        pytest.param(lambda b: b + b" " * 5000, id="longer"),
+        pytest.param(lambda b: b[:-1], id="a-byte-shorter"),
+    ],
+)
+async def test_a_tampered_cached_entry_reads_broken_on_the_loop(
+    harness: rc.Harness, opened_by: list[str], tamper: object
+) -> None:
+    path = await _stored(harness)
+    assert callable(tamper)
+    path.write_bytes(tamper(path.read_bytes()))  # written through the cache: all in memory
+    opened_by.clear()
+    result = await rc.response_compaction_read_exact(harness, ref_of(MEDIUM), Exact)
+    assert isinstance(result, rc.Broken)
+    assert opened_by[0] == threading.current_thread().name
+    assert "nnnn" not in result.detail  # the content (names of n's) never reaches the detail
+
+
+def test_read_cached_gives_the_whole_file_or_refuses(tmp_path: Path) -> None:
+    content = bytes(range(256)) * 4096  # 1 MiB
+    path = tmp_path / "f"
+    path.write_bytes(content)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        assert bytes(read_cached(fd, size, size)) == content
+        assert bytes(read_cached(fd, size - 10, size)) == content[: size - 9]  # limit + 1
+        with pytest.raises(BlockingIOError):  # longer than its fstat said, within the limit
+            read_cached(fd, size + 10, size - 10)
+        with pytest.raises(BlockingIOError):  # an empty fstat says nothing: read elsewhere
+            read_cached(fd, size, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _evict(path)  # skips where the file stays in memory; refused from the cache otherwise
