@@ -39,12 +39,15 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
         _WATCHED[args[0]].append(threading.current_thread().name)
 
 
-sys.addaudithook(_audit)  # once per process: a hook cannot be removed; idle when none watched
+_HOOKED: list[bool] = []
 
 
 @pytest.fixture
 def opened_by() -> Iterator[list[str]]:
     """The threads that open :data:`MEDIUM`'s entry file while the test runs."""
+    if not _HOOKED:  # a hook cannot be removed: added once, when first needed; idle after
+        sys.addaudithook(_audit)
+        _HOOKED.append(True)
     seen: list[str] = []
     _WATCHED[hex_of(MEDIUM)] = seen
     try:
@@ -147,6 +150,28 @@ def test_read_cached_gives_the_whole_file_or_refuses(tmp_path: Path) -> None:
         with pytest.raises(BlockingIOError):  # an empty fstat says nothing: read elsewhere
             read_cached(fd, size, 0)
         os.fsync(fd)
+        if _mount_type(path) in ("tmpfs", "ramfs"):
+            pytest.skip("this file system keeps every file in memory")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with pytest.raises(BlockingIOError):  # none of it in the cache: EAGAIN
+            read_cached(fd, size, size)
     finally:
         os.close(fd)
-    _evict(path)  # skips where the file stays in memory; refused from the cache otherwise
+
+
+def test_read_cached_refuses_a_file_partly_in_the_cache(tmp_path: Path) -> None:
+    """Its head read back in (a plain read and its readahead), the rest not: a short read."""
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * (64 << 10))  # 16 MiB: more than a readahead brings
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        os.fsync(fd)
+        if _mount_type(path) in ("tmpfs", "ramfs"):
+            pytest.skip("this file system keeps every file in memory")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert len(os.pread(fd, 4096, 0)) == 4096
+        with pytest.raises(BlockingIOError):
+            read_cached(fd, size, size)
+    finally:
+        os.close(fd)
