@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +21,38 @@ import pytest
 import response_compaction as rc
 from response_compaction._store import _reading
 from response_compaction._store._reading import read_cached
-from tests._store_support import compact, entry_path, hex_of, ref_of, store_root
+from tests._store_support import compact, entry_path, hex_of, ref_of, seed_key, store_root
 from tests.schemas import Exact, big_exact
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(not _reading.CAN_READ_CACHED, reason="no RWF_NOWAIT reads here"),
 ]
+
+
+def _refuses_nowait(directory: Path) -> bool:
+    """Whether the file system of ``directory`` refuses ``RWF_NOWAIT`` reads (tmpfs does)."""
+    probe = directory / "nowait-probe"
+    probe.write_bytes(b"x")
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(2)], 0, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+        probe.unlink()
+    return False
+
+
+@pytest.fixture
+def cacheable(tmp_path: Path) -> None:
+    """Skip where the test's own directory cannot be read from the cache alone."""
+    if _refuses_nowait(tmp_path):
+        pytest.skip("this file system refuses RWF_NOWAIT reads")
+
 
 #: About 600 KB: past the 64 KB read inline anyway, within the 2 MB read from the cache.
 MEDIUM = big_exact(10_000)
@@ -63,7 +89,7 @@ def _evict(path: Path) -> None:
     them in (readahead), which is just what the library's own refused read does too.
     """
     if _mount_type(path) in ("tmpfs", "ramfs"):
-        pytest.skip("this file system keeps every file in memory")
+        pytest.skip("this file system keeps every file in memory")  # DONTNEED drops nothing
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -90,6 +116,7 @@ async def _stored(harness: rc.Harness) -> Path:
     return path
 
 
+@pytest.mark.usefixtures("cacheable")
 async def test_a_cached_medium_entry_is_read_on_the_loop(
     harness: rc.Harness, opened_by: list[str]
 ) -> None:
@@ -100,6 +127,7 @@ async def test_a_cached_medium_entry_is_read_on_the_loop(
     assert opened_by == [threading.current_thread().name]
 
 
+@pytest.mark.usefixtures("cacheable")
 async def test_an_entry_not_in_the_page_cache_is_read_in_a_worker_thread(
     harness: rc.Harness, opened_by: list[str]
 ) -> None:
@@ -123,6 +151,7 @@ async def test_an_entry_not_in_the_page_cache_is_read_in_a_worker_thread(
         pytest.param(lambda b: b[:-1], id="a-byte-shorter"),
     ],
 )
+@pytest.mark.usefixtures("cacheable")
 async def test_a_tampered_cached_entry_reads_broken_on_the_loop(
     harness: rc.Harness, opened_by: list[str], tamper: object
 ) -> None:
@@ -132,10 +161,11 @@ async def test_a_tampered_cached_entry_reads_broken_on_the_loop(
     opened_by.clear()
     result = await rc.response_compaction_read_exact(harness, ref_of(MEDIUM), Exact)
     assert isinstance(result, rc.Broken)
-    assert opened_by[0] == threading.current_thread().name
+    assert opened_by == [threading.current_thread().name]  # refused on the loop, no hop
     assert "nnnn" not in result.detail  # the content (names of n's) never reaches the detail
 
 
+@pytest.mark.usefixtures("cacheable")
 def test_read_cached_gives_the_whole_file_or_refuses(tmp_path: Path) -> None:
     content = bytes(range(256)) * 4096  # 1 MiB
     path = tmp_path / "f"
@@ -159,6 +189,7 @@ def test_read_cached_gives_the_whole_file_or_refuses(tmp_path: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.usefixtures("cacheable")
 def test_read_cached_refuses_a_file_partly_in_the_cache(tmp_path: Path) -> None:
     """Its head read back in (a plain read and its readahead), the rest not: a short read."""
     path = tmp_path / "f"
@@ -175,3 +206,30 @@ def test_read_cached_refuses_a_file_partly_in_the_cache(tmp_path: Path) -> None:
             read_cached(fd, size, size)
     finally:
         os.close(fd)
+
+
+@pytest.fixture
+def refusing_dir() -> Iterator[str]:
+    """A fresh directory on a file system that refuses ``RWF_NOWAIT`` reads (a tmpfs), with
+    the tests' store key; removed after."""
+    shm = Path("/dev/shm")  # noqa: S108 - a tmpfs on purpose: the file system under test
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or not _refuses_nowait(shm):
+        pytest.skip("no writable file system here that refuses RWF_NOWAIT reads")
+    with tempfile.TemporaryDirectory(dir=shm) as base:
+        seed_key(base)  # entries named as the tests name them
+        yield base
+
+
+async def test_a_file_system_that_refuses_cached_reads_is_not_asked_again(
+    opened_by: list[str], refusing_dir: str
+) -> None:
+    """On tmpfs (Linux 6.18 refuses ``RWF_NOWAIT`` there) reads take the worker thread, and
+    once refused the loop stops trying: no open of the entry on the loop's thread."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(refusing_dir), llm=None)
+    await _stored(harness)
+    for _ in range(2):
+        opened_by.clear()
+        found = await rc.response_compaction_read_exact(harness, ref_of(MEDIUM), Exact)
+        assert found == rc.Found(value=MEDIUM)
+    assert len(opened_by) == 1
+    assert opened_by[0] != threading.current_thread().name

@@ -40,7 +40,7 @@ from ._paths import (
     unlink_quietly,
     valid_name,
 )
-from ._reading import Data, read_cached, read_limited
+from ._reading import Data, read_cached, read_limited, refuse_if_refused
 from ._tree import Tree, tree
 from ._verify import check_digest
 
@@ -277,11 +277,12 @@ def read_entry_cached(dirs: Tree, kind: Kind, key: str, limit: int) -> Data:
     """:func:`read_entry` from the page cache only (``BlockingIOError`` if it would wait)."""
     fan_fd = _fanout(dirs, kind, key)
     try:
+        refuse_if_refused(os.fstat(fan_fd).st_dev)  # not even an open where it is no use
         fd, st = open_regular(key, fan_fd)
     finally:
         os.close(fan_fd)
     try:
-        return read_cached(fd, limit, st.st_size)
+        return read_cached(fd, limit, st.st_size, st.st_dev)
     finally:
         os.close(fd)
 

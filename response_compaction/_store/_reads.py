@@ -17,7 +17,10 @@ here, most of it waking a worker thread on an idle core and then the loop: the t
 read began 0.33-0.37 ms after the call did (1 MB, at the minimum). The decode held the GIL
 either way, so the loop's longest freeze did not grow (1 MB reads: 2.5-9.0 ms, against
 3.4-7.5 before); the read itself took 2.9-5.3 ms instead of 3.5-8.1 (two runs each of
-``python -m benchmarks --only big --sizes 1``, alternating; rows, nested, strings).
+``python -m benchmarks --only big --sizes 1``, alternating; rows, nested, strings). A read
+the cache cannot serve costs the loop the start of the kernel's readahead before the hop
+(about 0.5 ms for 2 MiB pushed out of the cache); a file system that refuses such reads is
+not asked again.
 """
 
 from __future__ import annotations
@@ -244,7 +247,7 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
                 data = _read_untrusted(dirs, kind, key, INLINE_READ_BYTES)
             else:
                 data = _untrusted(read_entry_cached, dirs, kind, key, row.size)
-        except BlockingIOError:  # not all in the page cache: read where a wait does no harm
+        except BlockingIOError:  # not all in the page cache (or an open would block): hop
             return NOT_INLINE
         finally:
             release_now(dirs)
