@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -28,8 +29,12 @@ from response_compaction._canonical import PIECE_BYTES, Span, iter_canonical
 from response_compaction._digest import digest_hex
 from response_compaction._store._aside import SLICE_ITEMS, free_in_slices, let_go
 from response_compaction._store._medium import MEDIUM_BYTES
-from response_compaction._store._turns import storing
-from response_compaction._store._verify import DECODE_BESIDE_BYTES, checked_decode
+from response_compaction._store._turns import soon, storing
+from response_compaction._store._verify import (
+    DECODE_BESIDE_BYTES,
+    WORKER_VERIFY_BYTES,
+    checked_decode,
+)
 from response_compaction._worker import verify_path
 from tests._store_support import (
     TEST_KEY,
@@ -296,6 +301,42 @@ async def test_a_large_value_verified_here_nobody_wants_is_freed_in_a_helper(
     assert 0 not in died_on  # the caller's own value lives on
 
 
+async def test_a_medium_value_verified_beside_others_nobody_wants_is_freed_in_a_helper(
+    harness: rc.Harness,
+) -> None:
+    """512 KB-2 MB stored while another value is being stored on the loop goes to the pool;
+    a schema that cannot travel there (a local class) is verified in a worker thread instead,
+    and the read-back nobody wants dies in a ``drop`` helper, not on the loop's thread (where
+    the worker's result was dropped: 0.8-2.2 ms per MB of rows)."""
+    born: list[int] = []
+    died_on: dict[int, str] = {}
+    last_died = threading.Event()
+
+    def died(i: int) -> None:
+        died_on[i] = threading.current_thread().name
+        if i == born[-1]:
+            last_died.set()
+
+    class Local(msgspec.Struct, frozen=True, weakref=True):
+        rows: list[Row]
+        total: int
+
+        def __post_init__(self) -> None:
+            born.append(len(born))
+            weakref.finalize(self, died, born[-1])
+
+    value = Local(rows=big_exact(MEDIUM_ROWS).rows, total=MEDIUM_ROWS)
+    assert WORKER_VERIFY_BYTES <= len(canonical(value)) < MEDIUM_BYTES
+    opts = {"fallback": FALLBACK, "ladder": "none", "summarize_above_bytes": 32_000}
+    with storing():  # as if another value were being stored on this loop
+        out = await rc.response_compact(harness, value, Local, Summary, opts)
+    assert (out.output.kind, out.receipt.exact_cache) == ("fallback", "stored")
+    assert len(born) >= 2  # the caller's value, and the read-back's, made last
+    assert await anyio.to_thread.run_sync(last_died.wait, 10)
+    assert died_on[born[-1]].startswith("response-compaction-drop")
+    assert 0 not in died_on  # the caller's own value lives on
+
+
 async def test_a_medium_value_already_live_is_renewed_without_an_fsync(
     harness: rc.Harness, workspace: rc.LocalWorkspace
 ) -> None:
@@ -448,6 +489,27 @@ def test_a_checked_decode_reports_the_digest_before_the_schema(rows: int) -> Non
             checked_decode(data, wrong, len(data), Exact, TEST_KEY)
     with pytest.raises(ValueError, match="not as long"):
         checked_decode(bad_data, bad_hex, len(bad_data) + 1, Exact, TEST_KEY)
+
+
+def test_soon_outside_an_event_loop_runs_at_once() -> None:
+    """With no loop to hand it to (a coroutine driven by hand, a loop closing), now."""
+    ran: list[int] = []
+    soon(ran.append, 1)
+    assert ran == [1]
+
+
+async def test_soon_drops_what_its_call_raises() -> None:
+    """A scheduled free that raises does not end the run (on trio it would, as a crash)."""
+    called = anyio.Event()
+
+    def failing() -> None:
+        called.set()
+        raise RuntimeError("a free that failed")
+
+    soon(failing)
+    with anyio.fail_after(10):
+        await called.wait()
+    await anyio.lowlevel.checkpoint()  # the loop goes on
 
 
 def test_a_value_let_go_is_freed_in_a_helper_thread() -> None:

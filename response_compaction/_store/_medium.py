@@ -41,7 +41,7 @@ from .._canonical import Span
 from .._errors import map_errors
 from .._perf import paused_gc
 from . import _indexes
-from ._aside import Aside, let_go
+from ._aside import Aside, in_list, let_go
 from ._commit import Publication, publish
 from ._group import publish_grouped
 from ._index import IndexBusy
@@ -376,8 +376,10 @@ class Medium(Stepwise):
             hex_digest = await self._backend.run(temp.wait_synced)
         if hex_digest is None:  # pragma: no cover - hash_and_sync always hashes
             raise RuntimeError("the syncer did not hash the value")
-        if reply is _pool.NOT_DONE:
-            await self._backend.run(_verify_temp, temp, hex_digest, size, schema, self._key)
+        if reply is _pool.NOT_DONE:  # verified in a thread here: nobody wants the value
+            dropped = await self._backend.run(in_list, _verify_temp, temp, hex_digest, size,
+                                              schema, self._key)  # fmt: skip
+            soon(let_go, dropped)  # as _put_medium's: not on the loop's thread, nor in the call
         else:
             check_reply(reply, hex_digest)
         return hex_digest

@@ -202,14 +202,25 @@ def others_storing() -> bool:
 def soon(fn: Callable[..., object], *args: Any) -> None:
     """Call ``fn(*args)`` on this event loop's thread once the running task has yielded.
 
-    For work the caller should not wait for, started only after its call has returned: a
-    helper began any earlier shares the GIL with the rest of the call (see ``_medium``).
+    For work the caller should not wait for, started only once its task yields: a helper
+    begun any earlier shares the GIL with the rest of the call (see ``_medium``). Where there
+    is no loop to hand it to (one closing, a coroutine driven by hand), it runs now. What it
+    raises is dropped: on trio a callback's exception would end the whole run.
     """
-    if sniffio.current_async_library() == "trio":
-        import trio.lowlevel  # only ever on a trio loop, which imported it
+    try:
+        if sniffio.current_async_library() == "trio":
+            import trio.lowlevel  # only ever on a trio loop, which imported it
 
-        trio.lowlevel.current_trio_token().run_sync_soon(fn, *args)
-        return
-    import asyncio  # here, not at the top: already loaded when asyncio runs; 20-30 ms otherwise
+            trio.lowlevel.current_trio_token().run_sync_soon(_never_raising, fn, *args)
+            return
+        import asyncio  # here, not at the top: already loaded when asyncio runs; 20-30 ms otherwise
 
-    asyncio.get_running_loop().call_soon(fn, *args)
+        asyncio.get_running_loop().call_soon(_never_raising, fn, *args)
+    except RuntimeError:  # no loop here after all (sniffio's own error is one)
+        _never_raising(fn, *args)
+
+
+def _never_raising(fn: Callable[..., object], *args: Any) -> None:
+    # Work nobody waits for (a free): whatever it could not do, the references dropping do.
+    with contextlib.suppress(Exception):
+        fn(*args)
