@@ -265,13 +265,20 @@ async def test_a_value_nobody_wants_is_freed_only_after_the_call_returned(
         assert freed[0].startswith("response-compaction-drop")
 
 
-async def test_a_large_value_verified_here_nobody_wants_is_freed_in_a_helper(
-    harness: rc.Harness,
+@pytest.mark.parametrize(
+    ("rows", "beside_others"),
+    [(50_000, False), (MEDIUM_ROWS, True)],
+    ids=["over 2 MiB, in the caller", "medium beside others, in a worker thread"],
+)
+async def test_a_value_verified_here_nobody_wants_is_freed_in_a_helper(
+    harness: rc.Harness, rows: int, beside_others: bool
 ) -> None:
-    """A value over the medium size whose schema cannot travel to a worker process (a local
-    class) is verified in the caller, and nobody wants it: it dies in a ``drop`` helper, a
-    slice at a time, not at the end of the call on the loop's thread (52 MB froze the loop
-    95-104 ms there). The call's own later steps may overlap that free."""
+    """A value whose schema cannot travel to a worker process (a local class) is verified in
+    this process: over the medium size in the caller, and a medium one stored while another
+    is being stored on the loop (it would go to the pool) in a worker thread. Nobody wants
+    the read-back: it dies in a ``drop`` helper, a slice at a time, not on the loop's thread at
+    the end of the call (52 MB froze the loop 95-104 ms there; a medium one was dropped with
+    the worker's result, 0.8-2.2 ms per MB of rows). The call's later steps may overlap it."""
     born: list[int] = []
     died_on: dict[int, str] = {}
     last_died = threading.Event()
@@ -289,46 +296,12 @@ async def test_a_large_value_verified_here_nobody_wants_is_freed_in_a_helper(
             born.append(len(born))
             weakref.finalize(self, died, born[-1])
 
-    rows = 50_000
     value = Local(rows=big_exact(rows).rows, total=rows)
-    assert len(canonical(value)) > MEDIUM_BYTES
+    size = len(canonical(value))
+    assert (WORKER_VERIFY_BYTES <= size < MEDIUM_BYTES) if beside_others else size > MEDIUM_BYTES
     opts = {"fallback": FALLBACK, "ladder": "none", "summarize_above_bytes": 32_000}
-    out = await rc.response_compact(harness, value, Local, Summary, opts)
-    assert (out.output.kind, out.receipt.exact_cache) == ("fallback", "stored")
-    assert len(born) >= 2  # the caller's value, and the read-back's, made last
-    assert await anyio.to_thread.run_sync(last_died.wait, 10)
-    assert died_on[born[-1]].startswith("response-compaction-drop")
-    assert 0 not in died_on  # the caller's own value lives on
-
-
-async def test_a_medium_value_verified_beside_others_nobody_wants_is_freed_in_a_helper(
-    harness: rc.Harness,
-) -> None:
-    """512 KB-2 MB stored while another value is being stored on the loop goes to the pool;
-    a schema that cannot travel there (a local class) is verified in a worker thread instead,
-    and the read-back nobody wants dies in a ``drop`` helper, not on the loop's thread (where
-    the worker's result was dropped: 0.8-2.2 ms per MB of rows)."""
-    born: list[int] = []
-    died_on: dict[int, str] = {}
-    last_died = threading.Event()
-
-    def died(i: int) -> None:
-        died_on[i] = threading.current_thread().name
-        if i == born[-1]:
-            last_died.set()
-
-    class Local(msgspec.Struct, frozen=True, weakref=True):
-        rows: list[Row]
-        total: int
-
-        def __post_init__(self) -> None:
-            born.append(len(born))
-            weakref.finalize(self, died, born[-1])
-
-    value = Local(rows=big_exact(MEDIUM_ROWS).rows, total=MEDIUM_ROWS)
-    assert WORKER_VERIFY_BYTES <= len(canonical(value)) < MEDIUM_BYTES
-    opts = {"fallback": FALLBACK, "ladder": "none", "summarize_above_bytes": 32_000}
-    with storing():  # as if another value were being stored on this loop
+    # As if another value were being stored on this loop: a medium one then goes to the pool.
+    with storing() if beside_others else contextlib.nullcontext():
         out = await rc.response_compact(harness, value, Local, Summary, opts)
     assert (out.output.kind, out.receipt.exact_cache) == ("fallback", "stored")
     assert len(born) >= 2  # the caller's value, and the read-back's, made last
