@@ -93,8 +93,7 @@ def read_cached(fd: int, limit: int, st_size: int, device: int = -1) -> Data:
     cost 0.5-0.9 ms here, more than the read.
     """
     want = min(limit, st_size) + 1
-    refuse_if_refused(device)
-    if st_size <= 0:
+    if st_size <= 0 or not CAN_READ_CACHED:  # a refused device: its caller asked before opening
         raise BlockingIOError(errno.EAGAIN, _NOT_CACHED)
     buffer = bytearray(want)
     try:

@@ -246,7 +246,7 @@ async def read_all(
             await file.close()
 
 
-async def decoded_value(data: bytes | memoryview, schema: Any, spans: tuple[Span, ...]) -> Any:
+async def decoded_value(data: Data, schema: Any, spans: tuple[Span, ...]) -> Any:
     """Decode digest-checked ``data``, in slices when it is large."""
     if len(data) < GC_PAUSE_BYTES:
         return decode_exact(data, schema)
