@@ -9,14 +9,16 @@ The worker is the library's own module ``response_compaction._worker``, never th
 ``__main__`` (``multiprocessing``-style workers re-import it: an unguarded
 ``asyncio.run(main())`` then ran the caller's program a second time inside the worker). The
 schema travels as a description built from module-and-qualname references
-(``list[pkg.mod.Row] | None``); a schema that cannot be described that way (defined in
-``__main__`` or in a function, or a shape the description does not cover) is verified in
-the caller, never skipped. A worker that cannot load a schema says so, and the caller verifies.
+(``list[pkg.mod.Row] | None``, see ``_described``); a schema that cannot be described that
+way (defined in ``__main__`` or in a function, or a shape the description does not cover) is
+verified in the caller, never skipped. A worker that cannot load a schema says so, and the
+caller verifies.
 
 The pool has one worker per usable core, is started in the background when the first store
 of the process is opened (so it is warm before the first large value), is shared by every
 store and event loop of the process, and is shut down at interpreter exit. A call finding no
-idle worker verifies in the caller: the caller's core is one more worker.
+idle worker may queue behind a busy one of its own event loop (``_verifiers``), or verify in
+the caller: the caller's core is one more worker.
 
 Workers also cut a part of a large stored entry for ``read_part`` (request kind ``part``,
 see ``_store._partial``): they read it, check its keyed digest and send back only the part.
@@ -25,17 +27,12 @@ see ``_store._partial``): they read it, check its keyed digest and send back onl
 from __future__ import annotations
 
 import atexit
-import functools
-import importlib
-import operator
 import os
 import socket
 import struct
 import subprocess
 import sys
 import threading
-import types
-import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -45,9 +42,7 @@ __all__ = [
     "NOT_DONE",
     "POOL",
     "call",
-    "describe",
     "receive",
-    "resolve",
     "send",
     "usable_cores",
 ]
@@ -58,66 +53,6 @@ NOT_DONE: Any = object()
 _HEADER = struct.Struct(">I")
 _ENCODE = msgspec.msgpack.Encoder().encode
 _DECODE = msgspec.msgpack.Decoder().decode
-
-
-# ----------------------------------------------------------------------------- schemas
-
-
-def describe(schema: Any) -> Any:
-    """A description of ``schema`` by reference, or None if there is none."""
-    if schema is Any:
-        return ["any"]
-    if schema is None or schema is type(None):
-        return ["none"]
-    if schema is Ellipsis:
-        return ["ellipsis"]  # tuple[int, ...]
-    origin = typing.get_origin(schema)
-    if origin is not None:
-        args = typing.get_args(schema)
-        if origin is typing.Literal:
-            ok = all(type(a) in (str, int, bool) or a is None for a in args)
-            return ["literal", list(args)] if ok else None
-        if origin is typing.Annotated:
-            return None  # constraints live in metadata objects: verified in the caller
-        described = [describe(a) for a in args]
-        if any(d is None for d in described):
-            return None
-        if origin in (typing.Union, types.UnionType):
-            return ["union", described]
-        head = describe(origin)
-        return None if head is None else ["generic", head, described]
-    module = getattr(schema, "__module__", None)
-    qualname = getattr(schema, "__qualname__", None)
-    if not isinstance(schema, type) or not module or not qualname:
-        return None
-    if module == "__main__" or "<locals>" in qualname:
-        return None  # the caller's main module is never imported by a worker
-    return ["ref", module, qualname]
-
-
-def resolve(description: Any) -> Any:
-    """The schema a :func:`describe` description names (in the worker)."""
-    tag = description[0]
-    if tag == "any":
-        return Any
-    if tag == "none":
-        return None
-    if tag == "ellipsis":
-        return Ellipsis
-    if tag == "literal":
-        return typing.Literal[tuple(description[1])]
-    if tag == "union":
-        return functools.reduce(operator.or_, [resolve(d) for d in description[1]])
-    if tag == "generic":
-        return resolve(description[1])[tuple(resolve(d) for d in description[2])]
-    if tag == "ref" and description[1] != "__main__":
-        obj: Any = importlib.import_module(description[1])
-        for part in description[2].split("."):
-            obj = getattr(obj, part)
-        if describe(obj) != description:
-            raise LookupError("the name resolves to another object")
-        return obj
-    raise LookupError("unknown schema description")
 
 
 # ----------------------------------------------------------------------------- framing
@@ -167,6 +102,14 @@ class _Worker:
         finally:
             theirs.close()
         self.used = False
+        #: Requests sent (or being sent) and not yet answered; one more may queue behind one.
+        self.queued = 0
+        self.sending = False
+        #: A call on it failed or was cancelled: its replies no longer line up with calls.
+        self.broken = False
+        self._sent = 0
+        self._answered = 0
+        self._turn: Any = None  # an anyio.Event of the loop whose calls queue here
 
     def ready(self) -> bool:
         """Blocking (a starter thread): whether the worker said it is ready."""
@@ -178,21 +121,63 @@ class _Worker:
         self.sock.setblocking(False)
         return ok
 
-    async def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Send ``request`` and wait for the reply on the event loop (no thread)."""
-        import anyio
+    def can_queue(self) -> bool:
+        """Whether one more request may be sent now, behind the one the worker is doing.
 
+        Then the worker starts it as soon as it is done, not when the caller's loop next
+        comes round to send it: in 32 concurrent compactions the loop encodes for
+        milliseconds at a time, and the workers had idled about a third of the time.
+        """
+        return self.queued == 1 and not self.sending and not self.broken
+
+    async def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send ``request`` and wait for the reply on the event loop (no thread).
+
+        Two calls may be outstanding (:meth:`can_queue`), both from the event loop that
+        holds the worker: the worker answers in order, and only the call whose reply is next
+        reads the socket. Once a call fails or is cancelled the worker is :attr:`broken`
+        and the calls behind it raise ``EOFError`` without reading.
+        """
         self.used = True
         data = _ENCODE(request)
-        out = memoryview(_HEADER.pack(len(data)) + data)
+        ticket, self._sent = self._sent, self._sent + 1
+        self.queued += 1
+        try:
+            await self._send(memoryview(_HEADER.pack(len(data)) + data))
+            await self._turn_of(ticket)
+            (length,) = _HEADER.unpack(await self._recv(_HEADER.size))
+            reply: dict[str, Any] = _DECODE(await self._recv(length))
+        except BaseException:
+            self.broken = True
+            raise
+        finally:
+            self.queued -= 1
+            self._answered = max(self._answered, ticket + 1)
+            if self._turn is not None:
+                self._turn.set()
+                self._turn = None
+        return reply
+
+    async def _send(self, out: memoryview) -> None:
+        import anyio
+
+        self.sending = True
         while out:
             try:
                 out = out[self.sock.send(out) :]
             except BlockingIOError:
                 await anyio.wait_writable(self.sock)
-        (length,) = _HEADER.unpack(await self._recv(_HEADER.size))
-        reply: dict[str, Any] = _DECODE(await self._recv(length))
-        return reply
+        self.sending = False
+
+    async def _turn_of(self, ticket: int) -> None:
+        """Wait until the reply to read next is ``ticket``'s; EOFError once :attr:`broken`."""
+        import anyio
+
+        while self._answered != ticket and not self.broken:
+            self._turn = self._turn or anyio.Event()
+            await self._turn.wait()
+        if self.broken:
+            raise EOFError("a call before this one on the verification worker failed")
 
     async def _recv(self, size: int) -> bytearray:
         import anyio
@@ -331,9 +316,10 @@ class Pool:
         """Kill a worker whose call was cancelled or failed, and start a replacement."""
         worker.proc.kill()
         with self._lock:
+            # Once: the calls queued on a worker each discard it when it dies.
+            replace = worker in self._all and not self._closed
             if worker in self._all:
                 self._all.remove(worker)
-            replace = not self._closed
         worker.stop(1)
         if replace:
             self._spawn_soon()
@@ -378,12 +364,18 @@ async def call(request: dict[str, Any], worker: _Worker | None = None) -> Any:
     try:
         reply = await worker.call(request)
     except BaseException:
-        # Cancelled (killing the worker drops what it was doing) or broken.
-        POOL.discard(worker)
+        # Cancelled (killing the worker drops what it was doing) or broken. The last call
+        # out kills it: the one reading its socket must not have it closed under it.
+        if not worker.queued:
+            POOL.discard(worker)
         if isinstance(sys.exc_info()[1], Exception):
             return NOT_DONE
         raise
-    POOL.checkin(worker)
+    if not worker.queued:  # else the call queued behind this one gives it back
+        if worker.broken:  # that call was cancelled: its reply is still to come
+            POOL.discard(worker)
+        else:
+            POOL.checkin(worker)
     if "error" in reply:
         return NOT_DONE
     POOL.calls += 1

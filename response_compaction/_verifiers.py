@@ -2,9 +2,11 @@
 
 A verification finding every worker busy used to run in the caller at once: 32 concurrent
 compactions verified about 15 values on the event loop's core (which also encodes every
-value) while the workers idled between jobs. Now it waits for one of the workers this event
-loop holds to come back, and runs in the caller only when this loop holds none (the pool is
-not started, or other loops hold every worker), so it never waits on someone else's work.
+value) while the workers idled between jobs. Now it is queued behind the job of a worker this
+event loop holds (one deep: the worker starts it the moment it is done, while the loop may be
+busy encoding for milliseconds), or waits for one of them to come back; it runs in the caller
+only when this loop holds none (the pool is not started, or other loops hold every worker),
+so it never waits on someone else's work.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import msgspec
 from anyio.lowlevel import RunVar
 
 from ._canonical import Span
-from ._pool import NOT_DONE, POOL, call, describe
+from ._described import describe
+from ._pool import NOT_DONE, POOL, call
 from ._slices import encode_layout
 
 __all__ = ["MAX_SHARES", "SHARED_VERIFY_BYTES", "verify", "verify_unknown"]
@@ -31,11 +34,17 @@ MAX_SHARES = 4
 class _Share:
     """One event loop's verifications in workers: how many, and a wake-up when one ends."""
 
-    __slots__ = ("changed", "in_flight")
+    __slots__ = ("changed", "held", "in_flight")
 
     def __init__(self) -> None:
         self.in_flight = 0
         self.changed = anyio.Event()
+        #: The workers this loop's single verifications use now (once per call).
+        self.held: list[Any] = []
+
+    def queue_behind(self) -> Any:
+        """A worker of :attr:`held` that may take one more request behind its current one."""
+        return next((worker for worker in self.held if worker.can_queue()), None)
 
     def poke(self) -> None:
         self.changed.set()
@@ -146,13 +155,14 @@ async def _verify(path: str, hex_digest: str | None, size: int, schema: Any, key
     if description is None:
         return NOT_DONE
     share = _share()
-    worker = POOL.checkout()
+    worker = POOL.checkout() or share.queue_behind()
     while worker is None and share.in_flight:
         await share.changed.wait()
-        worker = POOL.checkout()
+        worker = POOL.checkout() or share.queue_behind()
     if worker is None:
         return NOT_DONE
     share.in_flight += 1
+    share.held.append(worker)
     try:
         reply = await call(
             {
@@ -167,5 +177,6 @@ async def _verify(path: str, hex_digest: str | None, size: int, schema: Any, key
         )
     finally:
         share.in_flight -= 1
+        share.held.remove(worker)
         share.poke()
     return reply

@@ -20,9 +20,10 @@ from typing import Any
 import msgspec
 
 from ._canonical import Span
+from ._described import resolve
 from ._digest import digest_hex, matches
 from ._part import part_of
-from ._pool import receive, resolve, send
+from ._pool import receive, send
 from ._slices import decode_layout, share_decodes
 from ._store._aside import Aside
 from ._store._partial import RAISED, on_entry

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
-from response_compaction import _pool
+from response_compaction import _described
 from tests.schemas import Exact, Row
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,9 +109,9 @@ SCHEMAS: list[Any] = [
 @pytest.mark.parametrize("schema", SCHEMAS, ids=repr)
 def test_schemas_travel_by_reference(schema: Any) -> None:
     """Module-level types and generics over them are described and resolved to equal schemas."""
-    described = _pool.describe(schema)
+    described = _described.describe(schema)
     assert described is not None
-    assert _pool.resolve(msgspec.json.decode(msgspec.json.encode(described))) == schema
+    assert _described.resolve(msgspec.json.decode(msgspec.json.encode(described))) == schema
 
 
 def test_schemas_in_main_or_functions_are_verified_by_the_caller() -> None:
@@ -121,11 +121,11 @@ def test_schemas_in_main_or_functions_are_verified_by_the_caller() -> None:
         a: int
 
     main_type = type("Main", (msgspec.Struct,), {"__module__": "__main__"})
-    assert _pool.describe(Inner) is None
-    assert _pool.describe(main_type) is None
-    assert _pool.describe(list[Inner]) is None
+    assert _described.describe(Inner) is None
+    assert _described.describe(main_type) is None
+    assert _described.describe(list[Inner]) is None
     with pytest.raises(LookupError):
-        _pool.resolve(["ref", "__main__", "Main"])
+        _described.resolve(["ref", "__main__", "Main"])
 
 
 # The same kind of script, reading a part of a large entry stored without a layout (a plain

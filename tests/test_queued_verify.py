@@ -1,0 +1,189 @@
+"""A verification finding every worker busy is queued behind one: one deep, and never misread.
+
+The worker reads its next request the moment it is done, whatever the caller's event loop is
+doing. The files are FIFOs: a worker's open waits until the test writes, so which job a worker
+is on is the test's to say. Once a call on a worker fails or is cancelled, the call queued
+with it gets no reply of another's, and the worker is killed, not handed out again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from response_compaction import _pool, _verifiers
+from response_compaction._digest import digest_hex
+from tests._store_support import TEST_KEY, canonical
+from tests.schemas import Exact, big_exact
+
+pytestmark = pytest.mark.anyio
+
+#: Bound on a wait that only a broken queue makes long (a worker that never comes).
+GUARD_SECONDS = 30
+
+
+async def _ready_pool() -> int:
+    """Every worker of the pool idle and ready: how many there are."""
+    cores = _pool.usable_cores()
+    _pool.POOL.start()
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= cores, 60)
+    return cores
+
+
+def _fifos(directory: Path, count: int) -> list[Path]:
+    paths = [directory / f"value-{i}.tmp" for i in range(count)]
+    for path in paths:
+        os.mkfifo(path)
+    return paths
+
+
+def _opened_for_writing(path: Path, seconds: float) -> int | None:
+    """Open FIFO ``path`` for writing, blocking this thread (and its event loop) for at most
+    ``seconds`` until a worker opens it for reading; None if none did."""
+    opened: list[int] = []
+    opener = threading.Thread(target=lambda: opened.append(os.open(path, os.O_WRONLY)))
+    opener.start()
+    opener.join(seconds)
+    if not opened:  # let the opener go: a reader of our own, then both closed
+        reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        opener.join()
+        os.close(opened[0])
+        os.close(reader)
+        return None
+    return opened[0]
+
+
+async def test_a_verification_finding_every_worker_busy_is_queued_behind_one(
+    tmp_path: Path,
+) -> None:
+    """One job per worker, and one more each: with the event loop held, a worker done with
+    its job opens the file of the job queued behind it (its request was sent before)."""
+    cores = await _ready_pool()
+    data = canonical(big_exact(3))
+    fifos = _fifos(tmp_path, 2 * cores)
+    replies: dict[int, object] = {}
+
+    async def ask(i: int) -> None:
+        replies[i] = await _verifiers.verify_unknown(str(fifos[i]), len(data), Exact, TEST_KEY)
+
+    with anyio.fail_after(GUARD_SECONDS):
+        async with anyio.create_task_group() as tg:
+            for i in range(2 * cores):  # one by one: job i + cores is queued behind job i
+                tg.start_soon(ask, i)
+                await wait_all_tasks_blocked()
+            # The loop's thread is held from here until the queued job's file is open.
+            fifos[0].write_bytes(data)  # the first worker's job
+            queued = _opened_for_writing(fifos[cores], seconds=10)
+            assert queued is not None, "the job behind the first was not sent to its worker"
+            os.write(queued, data)
+            os.close(queued)
+            for i in [*range(1, cores), *range(cores + 1, 2 * cores)]:
+                await anyio.to_thread.run_sync(fifos[i].write_bytes, data)
+    expected = {"problem": None, "digest": digest_hex(TEST_KEY, data)}
+    assert replies == dict.fromkeys(range(2 * cores), expected)
+
+
+async def _healthy_pool(tmp_path: Path, cores: int) -> None:
+    """Every worker of the pool answers its own job: none still owes an old reply."""
+    assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= cores, 60)
+    values = [canonical(big_exact(i + 1)) for i in range(cores)]
+    replies: dict[int, object] = {}
+
+    async def ask(i: int) -> None:
+        path = tmp_path / f"after-{i}.tmp"
+        path.write_bytes(values[i])
+        replies[i] = await _verifiers.verify_unknown(str(path), len(values[i]), Exact, TEST_KEY)
+
+    with anyio.fail_after(GUARD_SECONDS):
+        async with anyio.create_task_group() as tg:
+            for i in range(cores):
+                tg.start_soon(ask, i)
+    assert replies == {
+        i: {"problem": None, "digest": digest_hex(TEST_KEY, value)}
+        for i, value in enumerate(values)
+    }
+
+
+async def test_a_queued_verification_cancelled_leaves_the_one_ahead_its_reply(
+    tmp_path: Path,
+) -> None:
+    """The job queued behind the first is cancelled: the first still gets its own reply, and
+    its worker (which would read the cancelled request next) is not handed out again."""
+    cores = await _ready_pool()
+    data = canonical(big_exact(3))
+    fifos = _fifos(tmp_path, cores + 1)
+    replies: dict[int, object] = {}
+    behind = anyio.CancelScope()
+
+    async def ask(i: int) -> None:
+        replies[i] = await _verifiers.verify_unknown(str(fifos[i]), len(data), Exact, TEST_KEY)
+
+    async def ask_behind() -> None:
+        with behind:
+            await ask(cores)
+
+    with anyio.fail_after(GUARD_SECONDS):
+        async with anyio.create_task_group() as tg:
+            for i in range(cores):  # one by one: the job behind is queued behind job 0
+                tg.start_soon(ask, i)
+                await wait_all_tasks_blocked()
+            tg.start_soon(ask_behind)
+            await wait_all_tasks_blocked()
+            behind.cancel()
+            await wait_all_tasks_blocked()
+            for i in range(cores):
+                await anyio.to_thread.run_sync(fifos[i].write_bytes, data)
+    assert behind.cancelled_caught
+    expected = {"problem": None, "digest": digest_hex(TEST_KEY, data)}
+    assert replies == dict.fromkeys(range(cores), expected)
+    await _healthy_pool(tmp_path, cores)
+
+
+async def test_a_verification_queued_behind_a_cancelled_one_reads_no_reply(
+    tmp_path: Path,
+) -> None:
+    """The first job on a worker is cancelled while one is queued behind it: the queued call
+    says NOT_DONE (its caller verifies) without reading the socket, and the worker goes."""
+    cores = await _ready_pool()
+    first = canonical(big_exact(3))
+    fifos = _fifos(tmp_path, cores)
+    second = tmp_path / "second.tmp"
+    second.write_bytes(canonical(big_exact(4)))
+    replies: dict[int, object] = {}
+    ahead = anyio.CancelScope()
+
+    async def ask(i: int) -> None:
+        replies[i] = await _verifiers.verify_unknown(str(fifos[i]), len(first), Exact, TEST_KEY)
+
+    async def ask_ahead() -> None:
+        with ahead:
+            await ask(0)
+
+    async def ask_second() -> None:
+        size = second.stat().st_size
+        replies[cores] = await _verifiers.verify_unknown(str(second), size, Exact, TEST_KEY)
+
+    with anyio.fail_after(GUARD_SECONDS):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask_ahead)
+            await wait_all_tasks_blocked()
+            for i in range(1, cores):  # after: the second job is queued behind the first
+                tg.start_soon(ask, i)
+                await wait_all_tasks_blocked()
+            tg.start_soon(ask_second)  # queued behind the first job
+            await wait_all_tasks_blocked()
+            ahead.cancel()
+            await wait_all_tasks_blocked()
+            assert replies.get(cores, "pending") is _pool.NOT_DONE
+            for i in range(1, cores):
+                await anyio.to_thread.run_sync(fifos[i].write_bytes, first)
+    assert ahead.cancelled_caught
+    expected = {"problem": None, "digest": digest_hex(TEST_KEY, first)}
+    assert replies == {**dict.fromkeys(range(1, cores), expected), cores: _pool.NOT_DONE}
+    await _healthy_pool(tmp_path, cores)
