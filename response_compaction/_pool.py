@@ -104,6 +104,8 @@ class _Worker:
         self.used = False
         #: Requests sent (or being sent) and not yet answered; one more may queue behind one.
         self.queued = 0
+        #: The bytes of the files those requests verify (their ``size``).
+        self.queued_bytes = 0
         self.sending = False
         #: A call on it failed or was cancelled: its replies no longer line up with calls.
         self.broken = False
@@ -121,14 +123,20 @@ class _Worker:
         self.sock.setblocking(False)
         return ok
 
-    def can_queue(self) -> bool:
-        """Whether one more request may be sent now, behind the one the worker is doing.
+    def can_queue(self, most_bytes: int) -> bool:
+        """Whether one more request may be sent now, behind a job of at most ``most_bytes``.
 
-        Then the worker starts it as soon as it is done, not when the caller's loop next
-        comes round to send it: in 32 concurrent compactions the loop encodes for
-        milliseconds at a time, and the workers had idled about a third of the time.
+        The worker starts it as soon as it is done, not when the caller's loop next comes
+        round to send it: in 32 concurrent compactions the loop encodes for milliseconds at a
+        time, and the workers had idled about a third of the time. Behind a larger job it
+        could wait longer than for another worker.
         """
-        return self.queued == 1 and not self.sending and not self.broken
+        return (
+            self.queued == 1
+            and self.queued_bytes <= most_bytes
+            and not self.sending
+            and not self.broken
+        )
 
     async def call(self, request: dict[str, Any]) -> dict[str, Any]:
         """Send ``request`` and wait for the reply on the event loop (no thread).
@@ -141,7 +149,10 @@ class _Worker:
         self.used = True
         data = _ENCODE(request)
         ticket, self._sent = self._sent, self._sent + 1
+        size = request.get("size")
+        size = size if type(size) is int else 0
         self.queued += 1
+        self.queued_bytes += size
         try:
             await self._send(memoryview(_HEADER.pack(len(data)) + data))
             await self._turn_of(ticket)
@@ -152,6 +163,7 @@ class _Worker:
             raise
         finally:
             self.queued -= 1
+            self.queued_bytes -= size
             self._answered = max(self._answered, ticket + 1)
             if self._turn is not None:
                 self._turn.set()

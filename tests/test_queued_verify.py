@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -36,11 +37,22 @@ async def _ready_pool() -> int:
     return cores
 
 
-def _fifos(directory: Path, count: int) -> list[Path]:
-    paths = [directory / f"value-{i}.tmp" for i in range(count)]
-    for path in paths:
-        os.mkfifo(path)
-    return paths
+@pytest.fixture
+def make_fifos(tmp_path: Path) -> Iterator[Callable[[int], list[Path]]]:
+    """Make FIFOs; afterwards, unblock any worker still opening one (a failed test's workers
+    outlived pytest otherwise): opened read-write here, the worker's open returns."""
+    made: list[Path] = []
+
+    def make(count: int) -> list[Path]:
+        paths = [tmp_path / f"value-{len(made) + i}.tmp" for i in range(count)]
+        for path in paths:
+            os.mkfifo(path)
+        made.extend(paths)
+        return paths
+
+    yield make
+    for path in made:
+        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
 
 
 def _opened_for_writing(path: Path, seconds: float) -> int | None:
@@ -60,13 +72,13 @@ def _opened_for_writing(path: Path, seconds: float) -> int | None:
 
 
 async def test_a_verification_finding_every_worker_busy_is_queued_behind_one(
-    tmp_path: Path,
+    make_fifos: Callable[[int], list[Path]],
 ) -> None:
     """One job per worker, and one more each: with the event loop held, a worker done with
     its job opens the file of the job queued behind it (its request was sent before)."""
     cores = await _ready_pool()
     data = canonical(big_exact(3))
-    fifos = _fifos(tmp_path, 2 * cores)
+    fifos = make_fifos(2 * cores)
     replies: dict[int, object] = {}
 
     async def ask(i: int) -> None:
@@ -111,13 +123,13 @@ async def _healthy_pool(tmp_path: Path, cores: int) -> None:
 
 
 async def test_a_queued_verification_cancelled_leaves_the_one_ahead_its_reply(
-    tmp_path: Path,
+    tmp_path: Path, make_fifos: Callable[[int], list[Path]]
 ) -> None:
     """The job queued behind the first is cancelled: the first still gets its own reply, and
     its worker (which would read the cancelled request next) is not handed out again."""
     cores = await _ready_pool()
     data = canonical(big_exact(3))
-    fifos = _fifos(tmp_path, cores + 1)
+    fifos = make_fifos(cores + 1)
     replies: dict[int, object] = {}
     behind = anyio.CancelScope()
 
@@ -146,13 +158,13 @@ async def test_a_queued_verification_cancelled_leaves_the_one_ahead_its_reply(
 
 
 async def test_a_verification_queued_behind_a_cancelled_one_reads_no_reply(
-    tmp_path: Path,
+    tmp_path: Path, make_fifos: Callable[[int], list[Path]]
 ) -> None:
     """The first job on a worker is cancelled while one is queued behind it: the queued call
     says NOT_DONE (its caller verifies) without reading the socket, and the worker goes."""
     cores = await _ready_pool()
     first = canonical(big_exact(3))
-    fifos = _fifos(tmp_path, cores)
+    fifos = make_fifos(cores)
     second = tmp_path / "second.tmp"
     second.write_bytes(canonical(big_exact(4)))
     replies: dict[int, object] = {}
@@ -187,3 +199,41 @@ async def test_a_verification_queued_behind_a_cancelled_one_reads_no_reply(
     expected = {"problem": None, "digest": digest_hex(TEST_KEY, first)}
     assert replies == {**dict.fromkeys(range(1, cores), expected), cores: _pool.NOT_DONE}
     await _healthy_pool(tmp_path, cores)
+
+
+async def test_a_verification_is_not_queued_behind_a_large_job(
+    tmp_path: Path, make_fifos: Callable[[int], list[Path]]
+) -> None:
+    """Behind a job of more than QUEUE_BEHIND_BYTES a call waits for whichever worker is back
+    first: one large job ends, and the small call is answered while the other still runs."""
+    cores = await _ready_pool()
+    if cores < 2:
+        pytest.skip("needs two workers: one held by a large job, one coming back")
+    large = _verifiers.QUEUE_BEHIND_BYTES + 1
+    fifos = make_fifos(cores)
+    small = canonical(big_exact(3))
+    path = tmp_path / "small.tmp"
+    path.write_bytes(small)
+    replies: dict[int, object] = {}
+    answered = anyio.Event()
+
+    async def ask_large(i: int) -> None:  # the FIFO holds less: "not as long" comes back
+        replies[i] = await _verifiers.verify_unknown(str(fifos[i]), large, Exact, TEST_KEY)
+
+    async def ask_small() -> None:
+        replies[cores] = await _verifiers.verify_unknown(str(path), len(small), Exact, TEST_KEY)
+        answered.set()
+
+    with anyio.fail_after(GUARD_SECONDS):
+        async with anyio.create_task_group() as tg:
+            for i in range(cores):
+                tg.start_soon(ask_large, i)
+                await wait_all_tasks_blocked()
+            tg.start_soon(ask_small)
+            await wait_all_tasks_blocked()
+            await anyio.to_thread.run_sync(fifos[cores - 1].write_bytes, small)
+            await answered.wait()  # behind job 0 it would wait for job 0, still running
+            assert 0 not in replies
+            for i in range(cores - 1):
+                await anyio.to_thread.run_sync(fifos[i].write_bytes, small)
+    assert replies[cores] == {"problem": None, "digest": digest_hex(TEST_KEY, small)}
