@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -25,6 +26,8 @@ from tests.schemas import Exact, big_exact
 
 pytestmark = pytest.mark.anyio
 
+#: ``ask(i)``: one verification of a test, its reply kept by the test.
+Ask = Callable[[int], Coroutine[Any, Any, None]]
 #: Bound on a wait that only a broken queue makes long (a worker that never comes).
 GUARD_SECONDS = 30
 
@@ -71,6 +74,20 @@ def _opened_for_writing(path: Path, seconds: float) -> int | None:
     return opened[0]
 
 
+def _asking(fifos: list[Path], size: int, replies: dict[int, object]) -> Ask:
+    """``ask(i)``: verify FIFO ``i`` (``size`` bytes expected), its reply into ``replies[i]``."""
+
+    async def ask(i: int) -> None:
+        replies[i] = await _verifiers.verify_unknown(str(fifos[i]), size, Exact, TEST_KEY)
+
+    return ask
+
+
+async def _ask_in(scope: anyio.CancelScope, ask: Ask, i: int) -> None:
+    with scope:
+        await ask(i)
+
+
 async def test_a_verification_finding_every_worker_busy_is_queued_behind_one(
     make_fifos: Callable[[int], list[Path]],
 ) -> None:
@@ -80,10 +97,7 @@ async def test_a_verification_finding_every_worker_busy_is_queued_behind_one(
     data = canonical(big_exact(3))
     fifos = make_fifos(2 * cores)
     replies: dict[int, object] = {}
-
-    async def ask(i: int) -> None:
-        replies[i] = await _verifiers.verify_unknown(str(fifos[i]), len(data), Exact, TEST_KEY)
-
+    ask = _asking(fifos, len(data), replies)
     with anyio.fail_after(GUARD_SECONDS):
         async with anyio.create_task_group() as tg:
             for i in range(2 * cores):  # one by one: job i + cores is queued behind job i
@@ -131,21 +145,14 @@ async def test_a_queued_verification_cancelled_leaves_the_one_ahead_its_reply(
     data = canonical(big_exact(3))
     fifos = make_fifos(cores + 1)
     replies: dict[int, object] = {}
+    ask = _asking(fifos, len(data), replies)
     behind = anyio.CancelScope()
-
-    async def ask(i: int) -> None:
-        replies[i] = await _verifiers.verify_unknown(str(fifos[i]), len(data), Exact, TEST_KEY)
-
-    async def ask_behind() -> None:
-        with behind:
-            await ask(cores)
-
     with anyio.fail_after(GUARD_SECONDS):
         async with anyio.create_task_group() as tg:
             for i in range(cores):  # one by one: the job behind is queued behind job 0
                 tg.start_soon(ask, i)
                 await wait_all_tasks_blocked()
-            tg.start_soon(ask_behind)
+            tg.start_soon(_ask_in, behind, ask, cores)
             await wait_all_tasks_blocked()
             behind.cancel()
             await wait_all_tasks_blocked()
@@ -168,14 +175,8 @@ async def test_a_verification_queued_behind_a_cancelled_one_reads_no_reply(
     second = tmp_path / "second.tmp"
     second.write_bytes(canonical(big_exact(4)))
     replies: dict[int, object] = {}
+    ask = _asking(fifos, len(first), replies)
     ahead = anyio.CancelScope()
-
-    async def ask(i: int) -> None:
-        replies[i] = await _verifiers.verify_unknown(str(fifos[i]), len(first), Exact, TEST_KEY)
-
-    async def ask_ahead() -> None:
-        with ahead:
-            await ask(0)
 
     async def ask_second() -> None:
         size = second.stat().st_size
@@ -183,7 +184,7 @@ async def test_a_verification_queued_behind_a_cancelled_one_reads_no_reply(
 
     with anyio.fail_after(GUARD_SECONDS):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(ask_ahead)
+            tg.start_soon(_ask_in, ahead, ask, 0)
             await wait_all_tasks_blocked()
             for i in range(1, cores):  # after: the second job is queued behind the first
                 tg.start_soon(ask, i)
@@ -217,8 +218,7 @@ async def test_a_verification_is_not_queued_behind_a_large_job(
     replies: dict[int, object] = {}
     answered = anyio.Event()
 
-    async def ask_large(i: int) -> None:  # the FIFO holds less: "not as long" comes back
-        replies[i] = await _verifiers.verify_unknown(str(fifos[i]), large, Exact, TEST_KEY)
+    ask_large = _asking(fifos, large, replies)  # the FIFO holds less: "not as long" comes back
 
     async def ask_small() -> None:
         replies[cores] = await _verifiers.verify_unknown(str(path), len(small), Exact, TEST_KEY)
