@@ -328,7 +328,7 @@ class Pool:
         """Kill a worker whose call was cancelled or failed, and start a replacement."""
         worker.proc.kill()
         with self._lock:
-            # Once: the calls queued on a worker each discard it when it dies.
+            # Once, should a worker ever be discarded twice (only the last call out does).
             replace = worker in self._all and not self._closed
             if worker in self._all:
                 self._all.remove(worker)

@@ -18,9 +18,10 @@ import anyio
 import msgspec
 from anyio.lowlevel import RunVar
 
+from . import _pool
 from ._canonical import Span
 from ._described import describe
-from ._pool import NOT_DONE, POOL, call
+from ._pool import NOT_DONE, call
 from ._slices import encode_layout
 
 __all__ = ["MAX_SHARES", "QUEUE_BEHIND_BYTES", "SHARED_VERIFY_BYTES", "verify", "verify_unknown"]
@@ -116,7 +117,7 @@ async def _shared(
     workers = [] if description is None else _checkout_idle(MAX_SHARES)
     if len(workers) < 2:
         for worker in workers:
-            POOL.checkin(worker)
+            _pool.POOL.checkin(worker)
         return False
     request = {"op": "verify", "path": path, "digest": hex_digest, "size": size, "key": key,
                "schema": description, "layout": encode_layout(spans)}  # fmt: skip
@@ -139,7 +140,7 @@ async def _shared(
 
 def _checkout_idle(most: int) -> list[Any]:
     workers: list[Any] = []
-    while len(workers) < most and (worker := POOL.checkout()) is not None:
+    while len(workers) < most and (worker := _pool.POOL.checkout()) is not None:
         workers.append(worker)
     return workers
 
@@ -159,10 +160,10 @@ async def _verify(path: str, hex_digest: str | None, size: int, schema: Any, key
     if description is None:
         return NOT_DONE
     share = _share()
-    worker = POOL.checkout() or share.queue_behind()
+    worker = _pool.POOL.checkout() or share.queue_behind()
     while worker is None and share.in_flight:
         await share.changed.wait()
-        worker = POOL.checkout() or share.queue_behind()
+        worker = _pool.POOL.checkout() or share.queue_behind()
     if worker is None:
         return NOT_DONE
     share.in_flight += 1

@@ -74,6 +74,12 @@ def _opened_for_writing(path: Path, seconds: float) -> int | None:
     return opened[0]
 
 
+async def _write(fifo: Path, data: bytes) -> None:
+    """Write ``data`` to ``fifo`` once a worker opens it; abandoned if the test gives up (the
+    worker may be gone: the open would wait for ever), unblocked at teardown."""
+    await anyio.to_thread.run_sync(fifo.write_bytes, data, abandon_on_cancel=True)
+
+
 def _asking(fifos: list[Path], size: int, replies: dict[int, object]) -> Ask:
     """``ask(i)``: verify FIFO ``i`` (``size`` bytes expected), its reply into ``replies[i]``."""
 
@@ -94,25 +100,29 @@ async def test_a_verification_finding_every_worker_busy_is_queued_behind_one(
     """One job per worker, and one more each: with the event loop held, a worker done with
     its job opens the file of the job queued behind it (its request was sent before)."""
     cores = await _ready_pool()
-    data = canonical(big_exact(3))
+    # Each file its own value, all of one length: a reply read by the wrong call shows.
+    values = [canonical(Exact(rows=big_exact(3).rows, total=i)) for i in range(2 * cores)]
+    assert len({len(value) for value in values}) == 1
     fifos = make_fifos(2 * cores)
     replies: dict[int, object] = {}
-    ask = _asking(fifos, len(data), replies)
+    ask = _asking(fifos, len(values[0]), replies)
     with anyio.fail_after(GUARD_SECONDS):
         async with anyio.create_task_group() as tg:
             for i in range(2 * cores):  # one by one: job i + cores is queued behind job i
                 tg.start_soon(ask, i)
                 await wait_all_tasks_blocked()
             # The loop's thread is held from here until the queued job's file is open.
-            fifos[0].write_bytes(data)  # the first worker's job
+            fifos[0].write_bytes(values[0])  # the first worker's job
             queued = _opened_for_writing(fifos[cores], seconds=10)
             assert queued is not None, "the job behind the first was not sent to its worker"
-            os.write(queued, data)
+            os.write(queued, values[cores])
             os.close(queued)
             for i in [*range(1, cores), *range(cores + 1, 2 * cores)]:
-                await anyio.to_thread.run_sync(fifos[i].write_bytes, data)
-    expected = {"problem": None, "digest": digest_hex(TEST_KEY, data)}
-    assert replies == dict.fromkeys(range(2 * cores), expected)
+                await _write(fifos[i], values[i])
+    assert replies == {
+        i: {"problem": None, "digest": digest_hex(TEST_KEY, value)}
+        for i, value in enumerate(values)
+    }
 
 
 async def _healthy_pool(tmp_path: Path, cores: int) -> None:
@@ -157,7 +167,7 @@ async def test_a_queued_verification_cancelled_leaves_the_one_ahead_its_reply(
             behind.cancel()
             await wait_all_tasks_blocked()
             for i in range(cores):
-                await anyio.to_thread.run_sync(fifos[i].write_bytes, data)
+                await _write(fifos[i], data)
     assert behind.cancelled_caught
     expected = {"problem": None, "digest": digest_hex(TEST_KEY, data)}
     assert replies == dict.fromkeys(range(cores), expected)
@@ -195,7 +205,7 @@ async def test_a_verification_queued_behind_a_cancelled_one_reads_no_reply(
             await wait_all_tasks_blocked()
             assert replies.get(cores, "pending") is _pool.NOT_DONE
             for i in range(1, cores):
-                await anyio.to_thread.run_sync(fifos[i].write_bytes, first)
+                await _write(fifos[i], first)
     assert ahead.cancelled_caught
     expected = {"problem": None, "digest": digest_hex(TEST_KEY, first)}
     assert replies == {**dict.fromkeys(range(1, cores), expected), cores: _pool.NOT_DONE}
@@ -231,9 +241,29 @@ async def test_a_verification_is_not_queued_behind_a_large_job(
                 await wait_all_tasks_blocked()
             tg.start_soon(ask_small)
             await wait_all_tasks_blocked()
-            await anyio.to_thread.run_sync(fifos[cores - 1].write_bytes, small)
+            await _write(fifos[cores - 1], small)
             await answered.wait()  # behind job 0 it would wait for job 0, still running
             assert 0 not in replies
             for i in range(cores - 1):
-                await anyio.to_thread.run_sync(fifos[i].write_bytes, small)
+                await _write(fifos[i], small)
     assert replies[cores] == {"problem": None, "digest": digest_hex(TEST_KEY, small)}
+
+
+def test_a_forked_child_does_not_use_the_parents_workers(tmp_path: Path) -> None:
+    """After a fork the child has a pool of its own, not started: a verification there is
+    left to the caller (NOT_DONE), never sent down a socket of the parent's workers."""
+    cores = anyio.run(_ready_pool)
+    data = canonical(big_exact(3))
+    path = tmp_path / "value.tmp"
+    path.write_bytes(data)
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 when it did not use a worker
+        code = 2
+        try:
+            reply = anyio.run(_verifiers.verify_unknown, str(path), len(data), Exact, TEST_KEY)
+            code = 0 if reply is _pool.NOT_DONE else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    anyio.run(_healthy_pool, tmp_path, cores)
