@@ -375,19 +375,18 @@ async def call(request: dict[str, Any], worker: _Worker | None = None) -> Any:
         return NOT_DONE
     try:
         reply = await worker.call(request)
-    except BaseException:
-        # Cancelled (killing the worker drops what it was doing) or broken. The last call
-        # out kills it: the one reading its socket must not have it closed under it.
-        if not worker.queued:
-            POOL.discard(worker)
-        if isinstance(sys.exc_info()[1], Exception):
-            return NOT_DONE
+    except Exception:  # broken: the caller verifies
+        worker.broken = True
+        return NOT_DONE
+    except BaseException:  # cancelled
+        worker.broken = True
         raise
-    if not worker.queued:  # else the call queued behind this one gives it back
-        if worker.broken:  # that call was cancelled: its reply is still to come
-            POOL.discard(worker)
-        else:
-            POOL.checkin(worker)
+    finally:
+        # The last call out gives it back, or kills it once a call on it failed or was
+        # cancelled (killing drops what it was doing; its replies no longer line up). Not
+        # before: the call reading its socket must not have it closed under it.
+        if not worker.queued:
+            (POOL.discard if worker.broken else POOL.checkin)(worker)
     if "error" in reply:
         return NOT_DONE
     POOL.calls += 1
