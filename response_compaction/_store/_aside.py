@@ -66,7 +66,7 @@ def fsync(fd: int) -> None:
 
 
 class _Helpers:
-    """Up to ``MAX_THREADS`` daemon threads of one pool, taking :class:`Aside` jobs from a queue.
+    """Up to ``limit`` daemon threads of one pool, taking :class:`Aside` jobs from a queue.
 
     Not a ``ThreadPoolExecutor``: its future and its bookkeeping (conditions made, set and
     notified, an idle semaphore released) cost the caller 15-18 us to start a job (here 8 us)
@@ -76,17 +76,18 @@ class _Helpers:
     here releases the job's lock, counts itself idle and blocks on the queue.
     """
 
-    __slots__ = ("_idle", "_jobs", "_name", "_threads", "pid")
+    __slots__ = ("_idle", "_jobs", "_limit", "_name", "_threads", "pid")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, limit: int) -> None:
         self.pid = os.getpid()
         self._name = f"response-compaction-{name}"
+        self._limit = limit
         self._jobs: queue.SimpleQueue[Aside[Any] | None] = queue.SimpleQueue()
         self._idle = 0  # threads done with their job and not yet handed another
         self._threads: list[threading.Thread] = []
 
     def submit(self, job: Aside[Any]) -> None:
-        """Queue ``job``; start a thread unless one is idle (or ``MAX_THREADS`` are running).
+        """Queue ``job``; start a thread unless one is idle (or ``limit`` are running).
 
         An idle thread counted here is handed this job's turn: a thread that instead takes a
         job queued earlier (while all were busy) leaves the count one high, which only ever
@@ -99,7 +100,7 @@ class _Helpers:
             if self._idle:
                 self._idle -= 1
                 return
-            if len(self._threads) >= MAX_THREADS:
+            if len(self._threads) >= self._limit:
                 return
             thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._threads.append(thread)
@@ -154,13 +155,13 @@ def _stop_helpers() -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _helpers_of(name: str) -> _Helpers:
+def _helpers_of(name: str, limit: int) -> _Helpers:
     held = _helpers.get(name)
     if held is None or held.pid != os.getpid():
         with _lock:
             held = _helpers.get(name)
             if held is None or held.pid != os.getpid():
-                held = _helpers[name] = _Helpers(name)
+                held = _helpers[name] = _Helpers(name, limit)
     return held
 
 
@@ -172,15 +173,25 @@ class Aside(Generic[T]):
     it; a queued copy that a helper picks up later then does nothing. ``begun=True`` returns
     only once it is under way (see :func:`begun`). Pools with different names never wait on
     each other's jobs (``_temp``'s syncers only fsync and close, so they are never queued
-    behind checks waiting for the index's lock).
+    behind checks waiting for the index's lock). ``then()``, which must not raise, is called by
+    whoever ran ``fn`` once it has returned: how a task waiting for it is woken (``_hop``). A
+    pool's first job sets how many threads it may have (``limit``).
     """
 
-    __slots__ = ("_args", "_claim", "_done", "_error", "_finished", "_fn", "_started", "_value")
+    __slots__ = (
+        "_args", "_claim", "_done", "_error", "_finished", "_fn", "_started", "_then", "_value",
+    )  # fmt: skip
 
     def __init__(
-        self, fn: Callable[..., T], *args: Any, pool: str = "aside", begun: bool = False
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        pool: str = "aside",
+        begun: bool = False,
+        then: Callable[[], object] | None = None,
+        limit: int = MAX_THREADS,
     ) -> None:
-        self._fn, self._args = fn, args
+        self._fn, self._args, self._then = fn, args, then
         self._claim = threading.Lock()
         # Bare locks, held until the job has begun / returned: an Event is a Condition, and
         # each wait on one makes a lock of its own.
@@ -192,7 +203,7 @@ class Aside(Generic[T]):
         self._error: BaseException | None = None
         self._finished = False  # set before _done is released: done() never takes the lock
         try:
-            _helpers_of(pool).submit(self)
+            _helpers_of(pool, limit).submit(self)
         except RuntimeError:  # shutting down, or "can't start new thread" (maybe queued)
             self._run()
         if self._started is not None:
@@ -214,6 +225,9 @@ class Aside(Generic[T]):
             self._fn, self._args = _ran, ()
             self._finished = True
             self._done.release()
+            then, self._then = self._then, None
+            if then is not None:
+                then()
 
     def done(self) -> bool:
         """Whether ``fn`` has returned (or raised) by now."""

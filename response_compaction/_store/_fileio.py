@@ -2,15 +2,14 @@
 
 aiofiles drives files on asyncio (it runs on the loop's executor and cannot run under trio,
 aiofiles issue #96); under trio the same calls go through anyio's file API and worker
-threads. Everything above this module (the atomic-write algorithm, the index, eviction) is
-written once against :class:`FileBackend`.
+threads. Blocking calls other than file I/O (``run``) go to the library's own threads on
+either loop (``_hop``). Everything above this module (the atomic-write algorithm, the index,
+eviction) is written once against :class:`FileBackend`.
 """
 
 from __future__ import annotations
 
-import contextvars
 import errno
-import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -18,6 +17,8 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 import sniffio
+
+from ._hop import run_in_thread
 
 __all__ = ["AsyncBinaryFile", "FileBackend", "Opener", "current_backend", "write_all"]
 
@@ -89,7 +90,7 @@ class _AiofilesFile:
 
 
 class AiofilesBackend:
-    """asyncio: aiofiles for files, the loop's default executor for other blocking calls."""
+    """asyncio: aiofiles for files, the library's own threads for other blocking calls."""
 
     name = "asyncio"
 
@@ -104,14 +105,7 @@ class AiofilesBackend:
         return _AiofilesFile(file)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        import aiofiles.os
-
-        # In a copy of the caller's context, as anyio's worker threads run a call: a schema's
-        # own code decoding there sees the caller's context variables on either loop.
-        call = functools.partial(contextvars.copy_context().run, fn, *args)
-        wrapped = aiofiles.os.wrap(call)
-        result: T = await _run_to_completion(wrapped)
-        return result
+        return await run_in_thread(fn, *args)
 
 
 class _AnyioFile:
@@ -133,7 +127,7 @@ class _AnyioFile:
 
 
 class AnyioBackend:
-    """Any other anyio backend (trio): anyio's file API and worker threads."""
+    """Any other anyio backend (trio): anyio's file API; the library's own threads on trio."""
 
     name = "anyio"
 
@@ -142,7 +136,7 @@ class AnyioBackend:
         return _AnyioFile(file)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+        return await run_in_thread(fn, *args)
 
 
 _AIOFILES = AiofilesBackend()

@@ -1,0 +1,150 @@
+"""The file backends' ``run``: a blocking call in a ``hop`` thread, its task woken by that thread.
+
+It replaced the loop's default executor (asyncio) and anyio's worker threads (trio) and must
+behave as they did: the result or the exception comes back, a cancellation never abandons a
+call under way, and a thread survives a waiter that went away.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.lowlevel import checkpoint
+
+from response_compaction._store._fileio import current_backend
+from response_compaction._store._hop import run_in_thread
+
+pytestmark = pytest.mark.anyio
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fails() -> None:
+    raise LookupError("raised in the thread")
+
+
+async def test_a_call_runs_in_a_hop_thread_and_returns_or_raises() -> None:
+    name = await current_backend().run(lambda: threading.current_thread().name)
+    assert name == "response-compaction-hop"
+    assert await current_backend().run(divmod, 7, 2) == (3, 1)
+    with pytest.raises(LookupError, match="raised in the thread"):
+        await current_backend().run(_fails)
+
+
+async def test_a_cancelled_caller_waits_for_its_call_then_is_cancelled() -> None:
+    """The call is never abandoned: its task resumes once it returned, and only then ends."""
+    started, release = threading.Event(), threading.Event()
+    steps: list[str] = []
+
+    def blocking() -> str:
+        started.set()
+        release.wait(timeout=30)
+        steps.append("call returned")
+        return "done"
+
+    async def caller(scope: anyio.CancelScope) -> None:
+        with scope:
+            steps.append(await run_in_thread(blocking))
+            await checkpoint()  # the cancellation is delivered here
+            steps.append("went on after the cancellation")
+
+    scope = anyio.CancelScope()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(caller, scope)
+        await anyio.to_thread.run_sync(started.wait, 30)
+        scope.cancel()
+        for _ in range(20):  # many passes of the loop: the caller must still be waiting
+            await checkpoint()
+        assert steps == []
+        release.set()
+    assert steps == ["call returned", "done"]
+    assert scope.cancelled_caught
+
+
+async def test_a_caller_cancelled_before_the_call_never_starts_it() -> None:
+    ran: list[int] = []
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await run_in_thread(ran.append, 1)
+    assert ran == []
+
+
+_LOOP_GONE = """
+import asyncio, threading
+from response_compaction._store import _hop
+
+release = threading.Event()
+threads = []
+
+def blocking():
+    threads.append(threading.get_ident())
+    release.wait(30)
+
+async def abandon():
+    task = asyncio.ensure_future(_hop.run_in_thread(blocking))
+    while not threads:
+        await asyncio.sleep(0.001)
+    task.cancel()  # a foreign cancellation: the caller goes away, its loop then closes
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+asyncio.run(abandon())
+release.set()  # the thread now wakes a closed loop
+
+async def again():
+    return await _hop.run_in_thread(threading.get_ident)
+
+assert asyncio.run(again()) == threads[0], "the hop thread died waking a closed loop"
+print("ok")
+"""
+
+
+def test_a_thread_whose_loop_closed_meanwhile_serves_the_next_call() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOP_GONE],
+        cwd=_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_after_the_helpers_stopped_at_exit_a_call_runs_in_its_caller(backend: str) -> None:
+    """Its task is woken all the same (on trio, before it is parked)."""
+    script = textwrap.dedent(
+        f"""
+        import threading
+        import anyio
+        from response_compaction._store import _aside
+        from response_compaction._store._fileio import current_backend
+
+        async def main():
+            with anyio.fail_after(30):
+                return await current_backend().run(threading.current_thread)
+
+        assert anyio.run(main, backend="{backend}") is not threading.main_thread()
+        _aside._stop_helpers()  # what the interpreter's exit runs
+        assert anyio.run(main, backend="{backend}") is threading.main_thread()
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
