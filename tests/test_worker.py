@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 import pytest
 
-from response_compaction import _described
+from response_compaction import _described, _pool
+from response_compaction._store._aside import MAX_THREADS, Aside
 from tests.schemas import Exact, Row
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,3 +195,23 @@ def test_unguarded_main_runs_once_when_reading_a_part_of_a_large_entry(
     assert done.returncode == 0, done.stderr
     assert marker.read_text() == "ran\n"
     assert done.stdout.splitlines() == ["True 1", "True True"]
+
+
+def test_a_discarded_worker_is_reaped_by_a_helper_not_by_its_caller() -> None:
+    """``discard`` kills the worker and returns; waiting for its exit (tens of ms for one
+    holding a large value) is a helper's job, not the event loop's."""
+    pool = _pool.Pool()
+    pool.start()
+    try:
+        assert pool.wait_ready(lambda idle: idle >= 1, 60)
+        worker = pool.checkout()
+        assert worker is not None
+        release = threading.Event()
+        busy = [Aside(release.wait, 30, pool="reap") for _ in range(MAX_THREADS)]
+        pool.discard(worker)  # its reaping now waits behind the busy helpers
+        assert worker.proc.returncode is None  # nobody has waited for it
+        release.set()
+        assert all(job.wait() for job in busy)
+        assert worker.proc.wait(30) == -signal.SIGKILL
+    finally:
+        pool.close()
