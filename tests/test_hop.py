@@ -133,9 +133,10 @@ print("ok")
 """
 
 
-def test_a_thread_whose_loop_closed_meanwhile_serves_the_next_call() -> None:
+def _prints_ok(script: str) -> None:
+    """Run ``script`` in a fresh interpreter: it must print "ok" and nothing else."""
     done = subprocess.run(
-        [sys.executable, "-c", _LOOP_GONE],
+        [sys.executable, "-c", script],
         cwd=_ROOT,
         capture_output=True,
         text=True,
@@ -143,6 +144,10 @@ def test_a_thread_whose_loop_closed_meanwhile_serves_the_next_call() -> None:
         check=False,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
+
+
+def test_a_thread_whose_loop_closed_meanwhile_serves_the_next_call() -> None:
+    _prints_ok(_LOOP_GONE)
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -165,12 +170,4 @@ def test_after_the_helpers_stopped_at_exit_a_call_runs_in_its_caller(backend: st
         print("ok")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
+    _prints_ok(script)
