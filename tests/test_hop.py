@@ -60,10 +60,12 @@ async def test_a_cancelled_caller_waits_for_its_call_then_is_cancelled() -> None
         tg.start_soon(caller, scope)
         await anyio.to_thread.run_sync(started.wait, 30)
         scope.cancel()
-        for _ in range(20):  # many passes of the loop: the caller must still be waiting
-            await checkpoint()
-        assert steps == []
-        release.set()
+        try:
+            for _ in range(20):  # many passes of the loop: the caller must still be waiting
+                await checkpoint()
+            assert steps == []
+        finally:
+            release.set()
     assert steps == ["call returned", "done"]
     assert scope.cancelled_caught
 
