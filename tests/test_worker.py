@@ -215,3 +215,16 @@ def test_a_discarded_worker_is_reaped_by_a_helper_not_by_its_caller() -> None:
         assert worker.proc.wait(30) == -signal.SIGKILL
     finally:
         pool.close()
+
+
+def test_a_worker_that_dies_starting_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose interpreter cannot start is dropped from the pool, not kept as one."""
+    monkeypatch.setenv("PYTHONIOENCODING", "no-such-codec")  # its interpreter fails at once
+    pool = _pool.Pool()
+    pool.start()
+    try:
+        for thread in list(pool._threads):  # the starters: each gives up on its worker
+            thread.join(60)
+        assert (pool.worker_count(), pool.ready_count()) == (0, 0)
+    finally:
+        pool.close()
