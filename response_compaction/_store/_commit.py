@@ -16,7 +16,7 @@ from ._aside import Aside, fsync
 from ._clocks import writer_id
 from ._index import Index, IndexBusy, Row, Transaction
 from ._paths import KINDS, Kind
-from ._tree import Dirs
+from ._tree import Dirs, Tree
 
 __all__ = [
     "Publication",
@@ -80,7 +80,14 @@ def _synced(wait: Callable[[], object]) -> None:
 
 
 def publish(
-    index: Index, temp_name: str, kind: Kind, key: str, row: Row, now: float, max_entries: int
+    index: Index,
+    temp_name: str,
+    kind: Kind,
+    key: str,
+    row: Row,
+    now: float,
+    max_entries: int,
+    held: Tree | None = None,
 ) -> bool:
     """Rename the verified temp file into place, record it and evict, under the write lock.
 
@@ -90,10 +97,10 @@ def publish(
     renewal from another writer syncs the directory itself), and a row whose file is absent
     reads Missing (and is written afresh by the next put of its value). Evicted rows are
     deleted before the rename and their files unlinked after it, so a failed rename rolls
-    every row back. Returns whether ``key`` was live before.
+    every row back. Returns whether ``key`` was live before. ``held``: see :class:`Dirs`.
     """
     dir_sync: Aside[None] | None = None
-    with Dirs(index.root) as dirs, _naming_entries():
+    with Dirs(index.root, held) as dirs, _naming_entries():
         try:
             fan_fd = dirs.fanout(kind, key)  # made now if missing
             with index.transaction() as tx:
@@ -168,7 +175,15 @@ def _wait_all(syncs: list[Aside[None]]) -> None:
         raise failure
 
 
-def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int) -> bool:
+def renew(
+    index: Index,
+    kind: Kind,
+    key: str,
+    row: Row,
+    now: float,
+    max_entries: int,
+    held: Tree | None = None,
+) -> bool:
     """Give a live entry whose bytes were just verified ``row``'s expiry, as a use.
 
     False (nothing changed) when the row no longer holds that digest or expired meanwhile:
@@ -186,7 +201,7 @@ def renew(index: Index, kind: Kind, key: str, row: Row, now: float, max_entries:
     value), and any eviction it made (a row whose file is gone reads Missing, as after a
     crash between unlink and commit before). The next durable commit makes it durable.
     """
-    with _naming_entries(), Dirs(index.root) as dirs:
+    with _naming_entries(), Dirs(index.root, held) as dirs:
         with index.transaction(durable=False) as tx:
             tx.saw(now)
             previous = tx.writer_of(kind, key)

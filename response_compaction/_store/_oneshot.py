@@ -110,7 +110,7 @@ def put_small(
                 if renewed is not None:
                     return renewed
             return _write_new(
-                index, dirs.tmp, temp_name, kind, key, data, (hex_digest, store_key), row,
+                index, dirs, temp_name, kind, key, data, (hex_digest, store_key), row,
                 schema, now, max_entries,
             )  # fmt: skip
         finally:
@@ -157,7 +157,7 @@ def _renew_if_intact(
         return None
     value = decode_exact(on_disk, schema)  # ValueError: the value does not validate
     with map_errors(f"could not renew the {kind} value in the store index"):
-        renewed = renew(index, kind, key, row, now, max_entries)
+        renewed = renew(index, kind, key, row, now, max_entries, dirs)
     return Put(reused=True, value=value) if renewed else None
 
 
@@ -202,7 +202,7 @@ def _same_bytes(data: bytes, pieces: Sequence[bytes | memoryview]) -> bool:
 
 def _write_new(
     index: Index,
-    tmp_fd: int,
+    dirs: Tree,
     temp_name: str,
     kind: Kind,
     key: str,
@@ -214,6 +214,7 @@ def _write_new(
     max_entries: int,
 ) -> Put:
     published = False
+    tmp_fd = dirs.tmp
     try:
         fd = os.open(
             temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd
@@ -227,7 +228,7 @@ def _write_new(
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
         with map_errors(f"could not publish the {kind} value in the store index"):
-            reused = publish(index, temp_name, kind, key, row, now, max_entries)
+            reused = publish(index, temp_name, kind, key, row, now, max_entries, dirs)
         published = True
     finally:
         if not published:

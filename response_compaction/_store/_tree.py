@@ -237,13 +237,19 @@ def close_trees() -> None:
 
 
 class Dirs:
-    """Directory fds for one blocking operation: the checked tree, plus fan-outs it opens."""
+    """Directory fds for one blocking operation: the checked tree, plus fan-outs it opens.
 
-    def __init__(self, root: str) -> None:
+    ``held``: the tree the operation already holds and checked (:func:`tree`), used as is:
+    one check per operation, as for a read (a second one after a small put's fsync was a
+    tenth of its thread's work). Otherwise one is acquired, checked, and let go on exit.
+    """
+
+    def __init__(self, root: str, held: Tree | None = None) -> None:
         self.root = root
+        self._held = held
 
     def __enter__(self) -> Dirs:
-        held = _acquire(self.root, wait=True)
+        held = self._held or _acquire(self.root, wait=True)
         assert held is not None  # noqa: S101 - wait=True never gives up
         self._tree = held
         self.root_fd = held.root_fd
@@ -254,7 +260,8 @@ class Dirs:
     def __exit__(self, *exc: object) -> None:
         for fd in self._fans.values():
             os.close(fd)
-        _release(self._tree)
+        if self._held is None:
+            _release(self._tree)
 
     def fanout(self, kind: Kind, key: str) -> int:
         """The fd of ``key``'s fan-out directory (created if missing), kept for this operation."""
