@@ -6,8 +6,10 @@ clock stopped at a given time (``tests._store_child clocked``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 import response_compaction as rc
 from response_compaction._store import _indexes
 from tests._store_child import tagged
-from tests._store_support import compact, hex_of, index_rows, ref_of, seed_key
+from tests._store_support import compact, hex_of, index_rows, ref_of, seed_key, store_root
 from tests.conftest import FakeClock
 from tests.schemas import Exact
 
@@ -150,3 +152,40 @@ async def test_capacity_eviction_follows_use_order_not_a_clock_going_backwards(
     assert await _read(harness, "a") == rc.Missing()
     assert await _read(harness, "b") == rc.Found(value=tagged("b"))
     assert await _read(harness, "c") == rc.Found(value=tagged("c"))
+
+
+def _uses(root: Path, *tags: str) -> list[object]:
+    with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as conn:
+        found = dict(conn.execute("SELECT key, last_used FROM entries"))
+    return [found[hex_of(tagged(tag))] for tag in tags]
+
+
+def _tamper(root: Path, *statements: tuple[str, tuple[object, ...]]) -> None:
+    with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as conn, conn:
+        for sql, args in statements:
+            conn.execute(sql, args)
+
+
+async def test_a_store_takes_a_use_number_above_every_number_recorded(tmp_path: Path) -> None:
+    """Above the rows' own numbers (a cell that is no number is passed over) and above the
+    counter an older version kept in ``meta``: the newest use is always evicted last."""
+    clock = FakeClock(T0)
+    seed_key(tmp_path / "ws")
+    harness = _harness(tmp_path / "ws", clock)
+    root = store_root(tmp_path / "ws")
+    for tag in ("a", "b"):
+        await compact(harness, tagged(tag), max_entries=10)
+    assert _uses(root, "a", "b") == [1.0, 2.0]
+    set_use = "UPDATE entries SET last_used = ? WHERE key = ?"
+    set_counter = "INSERT INTO meta VALUES ('uses', ?) ON CONFLICT (name) DO UPDATE SET value = ?"
+    _tamper(
+        root,
+        (set_use, (40, hex_of(tagged("a")))),
+        (set_use, ("not a number", hex_of(tagged("b")))),
+        (set_counter, ("junk", "junk")),
+    )
+    await compact(harness, tagged("c"), max_entries=10)
+    assert _uses(root, "c") == [41.0]
+    _tamper(root, (set_counter, (100, 100)))
+    await compact(harness, tagged("d"), max_entries=10)
+    assert _uses(root, "d") == [101.0]

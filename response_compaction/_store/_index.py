@@ -214,7 +214,6 @@ class Index:
                 tx = Transaction(self._conn)
                 witnessed = self._flush_uses(tx)
                 yield tx
-                tx.finish()
                 self._check_current()
                 self._conn.execute("COMMIT")
                 self._witness.written(witnessed)

@@ -8,7 +8,7 @@ import sqlite3
 from typing import NamedTuple
 
 from ._clocks import ATTESTED_SQL, DELETABLE_SQL, attested_sql, record_clock, writer_id
-from ._paths import Kind, valid_name
+from ._paths import KINDS, Kind, valid_name
 
 __all__ = ["HEX", "LOOKUP", "CorruptRowError", "Entry", "Row", "Transaction", "entry_of", "number"]
 
@@ -25,6 +25,16 @@ LOOKUP = (
     " FROM entries WHERE kind = ?1 AND key = ?2"
 )
 _ATTESTED = f"SELECT {ATTESTED_SQL}"
+#: The highest use number recorded: each kind's most recent row by its LRU index (numbers
+#: only: SQLite sorts text and blobs above every number), and the counter an older version
+#: of this library kept in ``meta``. Bound to :data:`KINDS`.
+_TOP_USES = (
+    "SELECT (SELECT value FROM meta WHERE name = 'uses'),"
+    " (SELECT last_used FROM entries WHERE kind = ?1 AND last_used < 1e300"
+    " ORDER BY last_used DESC LIMIT 1),"
+    " (SELECT last_used FROM entries WHERE kind = ?2 AND last_used < 1e300"
+    " ORDER BY last_used DESC LIMIT 1)"
+)
 
 
 class CorruptRowError(ValueError):
@@ -83,25 +93,18 @@ class Transaction:
         self._attested: tuple[float, float] | None = None  # (now, attested at now)
 
     def next_use(self) -> float:
-        """The next number of the use counter that orders capacity eviction (not a clock)."""
+        """The next number of the use counter that orders capacity eviction (not a clock).
+
+        One above every use recorded, read from the rows themselves rather than kept in a
+        counter row: a counter was one more page in every write's WAL commit (7 pages,
+        each ~10 us of its fsync here). A number freed by an eviction may be taken again,
+        which orders nothing differently: every live row's is lower.
+        """
         if self._uses is None:
-            row = self._conn.execute("SELECT value FROM meta WHERE name = 'uses'").fetchone()
-            counted = None if row is None else number(row[0])
-            if counted is None:  # a fresh or older index: continue above every recorded use
-                (top,) = self._conn.execute("SELECT max(last_used) FROM entries").fetchone()
-                counted = number(top) or 0.0
-            self._uses = counted
+            tops = self._conn.execute(_TOP_USES, KINDS).fetchone()
+            self._uses = max(number(top) or 0.0 for top in tops)
         self._uses += 1
         return self._uses
-
-    def finish(self) -> None:
-        """Save the use counter (called just before COMMIT)."""
-        if self._uses is not None:
-            self._conn.execute(
-                "INSERT INTO meta VALUES ('uses', ?) ON CONFLICT (name)"
-                " DO UPDATE SET value = excluded.value",
-                (self._uses,),
-            )
 
     def attested(self, now: float) -> float:
         """``now`` corrected by the clocks already witnessed (see ``_clocks``).
