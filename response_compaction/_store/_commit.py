@@ -176,13 +176,7 @@ def _wait_all(syncs: list[Aside[None]]) -> None:
 
 
 def renew(
-    index: Index,
-    kind: Kind,
-    key: str,
-    row: Row,
-    now: float,
-    max_entries: int,
-    held: Tree | None = None,
+    index: Index, kind: Kind, key: str, row: Row, now: float, bound: int, held: Tree | None = None
 ) -> bool:
     """Give a live entry whose bytes were just verified ``row``'s expiry, as a use.
 
@@ -207,7 +201,7 @@ def renew(
             previous = tx.writer_of(kind, key)
             if not tx.renew(kind, key, row, now):
                 return False
-            _evict(tx, dirs, kind, key, now, max_entries)
+            _evict(tx, dirs, kind, key, now, bound)
         if not _names_on_disk(previous):
             _synced(lambda: fsync(dirs.fanout(kind, key)))
     return True
