@@ -240,6 +240,18 @@ class Aside(Generic[T]):
             raise self._error
         return self._value
 
+    def take(self) -> T:
+        """:meth:`wait`, the job then holding nothing of the result: for a value handed on.
+
+        The thread that ran the job still holds it for a moment after ``then()`` woke the
+        waiter; if the job kept the value, that thread could drop its last reference and free
+        a large value there, not where its caller chose (``_medium.let_go``).
+        """
+        try:
+            return self.wait()
+        finally:
+            self._value = None  # type: ignore[assignment]
+
     def join(self) -> None:
         """Return once ``fn`` has, whatever it did (for a caller already failing)."""
         if not self._finished:

@@ -71,7 +71,7 @@ async def _on_asyncio(call: Callable[[], T]) -> T:
     with anyio.CancelScope(shield=True):
         job = Aside(call, pool="hop", then=wake, limit=HOP_THREADS)
         await woken
-    return job.wait()
+    return job.take()
 
 
 def _settle(woken: asyncio.Future[None]) -> None:
@@ -94,7 +94,7 @@ async def _on_trio(call: Callable[[], T]) -> T:
 
     job = Aside(call, pool="hop", then=wake, limit=HOP_THREADS)
     await trio.lowlevel.wait_task_rescheduled(_not_abortable)
-    return job.wait()
+    return job.take()
 
 
 def _not_abortable(_: Any) -> Any:
