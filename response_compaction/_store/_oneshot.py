@@ -254,7 +254,7 @@ def _checked_and_synced(
     except BaseException:
         checked.join()  # the fsync's error is the one to raise
         raise
-    return checked.wait()  # ValueError: the bytes do not validate
+    return checked.take()  # ValueError: the bytes do not validate
 
 
 def _checked(

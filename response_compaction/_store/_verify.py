@@ -102,7 +102,7 @@ def checked_decode(data: bytes, hex_digest: str, size: int, schema: Any, key: by
         return decode_exact(data, schema)
     decoding = decode_beside(data, schema)
     found = digest_hex(key, data)
-    outcome = decoding.wait()
+    outcome = decoding.take()
     check_digest_of(found, hex_digest)
     if isinstance(outcome, Exception):
         raise outcome
