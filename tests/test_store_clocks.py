@@ -167,8 +167,9 @@ def _tamper(root: Path, *statements: tuple[str, tuple[object, ...]]) -> None:
 
 
 async def test_a_store_takes_a_use_number_above_every_number_recorded(tmp_path: Path) -> None:
-    """Above the rows' own numbers (a cell that is no number is passed over) and above the
-    counter an older version kept in ``meta``: the newest use is always evicted last."""
+    """Above the rows' own numbers (a cell that is no number, or too large to count on, is
+    passed over) and above the counter an older version kept in ``meta``, which is then
+    deleted: the newest use is always evicted last, by either version."""
     clock = FakeClock(T0)
     seed_key(tmp_path / "ws")
     harness = _harness(tmp_path / "ws", clock)
@@ -186,6 +187,12 @@ async def test_a_store_takes_a_use_number_above_every_number_recorded(tmp_path: 
     )
     await compact(harness, tagged("c"), max_entries=10)
     assert _uses(root, "c") == [41.0]
-    _tamper(root, (set_counter, (100, 100)))
+    _tamper(root, (set_counter, (100, 100)), (set_use, (1e20, hex_of(tagged("b")))))
     await compact(harness, tagged("d"), max_entries=10)
-    assert _uses(root, "d") == [101.0]
+    assert _uses(root, "d") == [101.0]  # 1e20 + 1 == 1e20: such a cell is passed over too
+    await compact(harness, tagged("e"), max_entries=10)
+    # The counter was deleted once read: an older version, which trusts it whenever it exists,
+    # looks at the rows instead of handing its next write a stale low number.
+    assert _uses(root, "e") == [102.0]
+    with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as conn:
+        assert conn.execute("SELECT count(*) FROM meta WHERE name = 'uses'").fetchone() == (0,)

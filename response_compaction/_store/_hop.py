@@ -14,7 +14,9 @@ The semantics are those of the calls it replaces. The call runs in a copy of the
 ``contextvars`` context. A cancellation is honoured before the call starts and never while
 it runs: the task waits for it, and a pending cancellation is delivered at its next
 checkpoint (a thread cannot be stopped, and abandoning it would let it write on after the
-caller cleaned up). Any other anyio backend uses ``anyio.to_thread``.
+caller cleaned up). Only anyio's cancellation waits so: a native ``task.cancel()`` on
+asyncio (``asyncio.timeout``, ``wait_for``) ends the wait and leaves the call running, as
+the executor did. Any other anyio backend uses ``anyio.to_thread``.
 """
 
 from __future__ import annotations

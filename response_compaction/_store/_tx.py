@@ -25,14 +25,17 @@ LOOKUP = (
     " FROM entries WHERE kind = ?1 AND key = ?2"
 )
 _ATTESTED = f"SELECT {ATTESTED_SQL}"
+#: Use numbers at or above this are passed over (a tampered cell): from 2**53 on, adding one
+#: gives the same float, and every later use would tie.
+_USES_LIMIT = float(1 << 53)
 #: The highest use number recorded: each kind's most recent row by its LRU index (numbers
 #: only: SQLite sorts text and blobs above every number), and the counter an older version
-#: of this library kept in ``meta``. Bound to :data:`KINDS`.
+#: of this library kept in ``meta``. Bound to ``(*KINDS, _USES_LIMIT)``.
 _TOP_USES = (
     "SELECT (SELECT value FROM meta WHERE name = 'uses'),"
-    " (SELECT last_used FROM entries WHERE kind = ?1 AND last_used < 1e300"
+    " (SELECT last_used FROM entries WHERE kind = ?1 AND last_used < ?3"
     " ORDER BY last_used DESC LIMIT 1),"
-    " (SELECT last_used FROM entries WHERE kind = ?2 AND last_used < 1e300"
+    " (SELECT last_used FROM entries WHERE kind = ?2 AND last_used < ?3"
     " ORDER BY last_used DESC LIMIT 1)"
 )
 
@@ -99,10 +102,17 @@ class Transaction:
         counter row: a counter was one more page in every write's WAL commit (7 pages,
         each ~10 us of its fsync here). A number freed by an eviction may be taken again,
         which orders nothing differently: every live row's is lower.
+
+        An older version's counter, found, counts and is deleted: that version trusts it
+        whenever it exists (and looks at the rows when it does not), so a counter left stale
+        gave its newest writes the lowest numbers.
         """
         if self._uses is None:
-            tops = self._conn.execute(_TOP_USES, KINDS).fetchone()
-            self._uses = max(number(top) or 0.0 for top in tops)
+            counter, *tops = self._conn.execute(_TOP_USES, (*KINDS, _USES_LIMIT)).fetchone()
+            if counter is not None:
+                self._conn.execute("DELETE FROM meta WHERE name = 'uses'")
+            found = (number(top) for top in (counter, *tops))
+            self._uses = max((n for n in found if n is not None and n < _USES_LIMIT), default=0.0)
         self._uses += 1
         return self._uses
 
