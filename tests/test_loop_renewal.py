@@ -68,6 +68,21 @@ async def test_a_hit_commits_on_the_loop_unsynced_and_without_a_checkpoint(
     assert found == rc.Found(value=A)
 
 
+async def test_a_value_with_no_file_in_place_is_known_new_without_the_index(
+    harness: rc.Harness,
+) -> None:
+    """No file where the entry would be: nothing to renew, and the loop asks the index nothing."""
+    await compact(harness, A)
+    with loop_statements(harness) as on_loop:
+        assert (await compact(harness, B)).receipt.exact_cache == "stored"
+    assert on_loop == []
+    entry_path(store_root(harness.fs), hex_of(A)).unlink()  # its row still live
+    with loop_statements(harness) as on_loop:
+        await compact(harness, A)
+    assert on_loop == []
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
 @pytest.mark.parametrize("mode", ["PASSIVE", "TRUNCATE"])
 async def test_a_hit_after_a_full_checkpoint_commits_in_a_worker(
     harness: rc.Harness, mode: str

@@ -7,11 +7,14 @@ two to three times that (on a 2-core VM the loop waited 60% of a hit's time for 
 it runs on the loop, with every check of :func:`_oneshot.put_small`'s renewal, provided
 nothing makes the loop wait: the index and tree already open, the index's locks free this
 instant, a commit that neither syncs nor checkpoints (``_wal``), no name left to fsync and
-no row to evict (``_commit.renew_on_loop``). Otherwise the worker thread does it all.
+no row to evict (``_commit.renew_on_loop``). Otherwise the worker thread does it all. A
+value with no file where its entry would be is a miss known from one ``stat``, without the
+index: the worker writes it.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Any
 
@@ -20,7 +23,7 @@ from . import _indexes
 from ._commit import renew_on_loop
 from ._index import CorruptRowError, IndexBusy, Row
 from ._oneshot import Put, renewable, stored_as
-from ._paths import Kind
+from ._paths import Kind, valid_name
 from ._reads import INLINE_READ_BYTES, NOT_INLINE
 from ._tree import release_now, tree_now
 
@@ -38,6 +41,8 @@ def renew_inline(
     """
     if len(data) > INLINE_READ_BYTES:
         return NOT_INLINE
+    if not _may_be_on_disk(root, kind, key):
+        return None  # a renewal needs the bytes on disk: the worker writes them
     index = _indexes.acquire_now(root)
     if index is None:
         return NOT_INLINE
@@ -69,3 +74,22 @@ def renew_inline(
     if renewed is None:
         return NOT_INLINE
     return Put(reused=True, value=value) if renewed else None
+
+
+def _may_be_on_disk(root: str, kind: Kind, key: str) -> bool:
+    """False only if no file is where ``key``'s entry would be: then nothing can be renewed.
+
+    One unchecked ``stat`` (about 2 us) rather than the index lookup (20 us on the loop
+    between two puts): most compactions store a value not seen before. Only a hint: False
+    sends the put to the worker, which writes afresh through every check (and records the
+    key as reused if a row was live after all); anything else takes the checked path here.
+    """
+    if not valid_name(kind, key):
+        return True  # the checked path refuses it
+    try:
+        os.stat(f"{root}/{kind}/{key[:2]}/{key}", follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
