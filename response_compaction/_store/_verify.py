@@ -180,8 +180,7 @@ def seal(secret: bytes, kind: Kind, key: str, content_hex: str) -> str:
     """
     if kind == "exact":
         return content_hex
-    message = f"{kind}\0{key}\0{content_hex}".encode()
-    return hmac.new(secret, message, "sha256").hexdigest()
+    return digest_hex(secret, f"{kind}\0{key}\0{content_hex}".encode())  # HMAC-SHA256
 
 
 def _layout_signer(secret: bytes, kind: Kind, key: str, recorded: str) -> Sign:
@@ -191,7 +190,7 @@ def _layout_signer(secret: bytes, kind: Kind, key: str, recorded: str) -> Sign:
     prefix = f"layout\0{kind}\0{key}\0{recorded}\0".encode()
 
     def sign(message: bytes) -> str:
-        return hmac.new(secret, prefix + message, "sha256").hexdigest()
+        return digest_hex(secret, prefix + message)  # HMAC-SHA256, its pads hashed once
 
     return sign
 
