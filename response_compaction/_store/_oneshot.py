@@ -217,14 +217,14 @@ def _write_new(
     tmp_fd = dirs.tmp
     try:
         fd = os.open(
-            temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd
+            temp_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=tmp_fd
         )
         try:
             write_fully(fd, data)
             # The index's write lock is taken only after the fsync: held through it, every
             # other writer of the store (this process's and others') waited for this disk,
             # then retried whole puts.
-            value = _checked_and_synced(fd, temp_name, tmp_fd, data, digest, schema)
+            value = _checked_and_synced(fd, data, digest, schema)
         finally:
             os.close(fd)  # a failing close after fsync is still a failure to retain
         with map_errors(f"could not publish the {kind} value in the store index"):
@@ -236,19 +236,17 @@ def _write_new(
     return Put(reused=reused, value=value)
 
 
-def _checked_and_synced(
-    fd: int, temp_name: str, tmp_fd: int, data: bytes, digest: tuple[str, bytes], schema: Any
-) -> Any:
+def _checked_and_synced(fd: int, data: bytes, digest: tuple[str, bytes], schema: Any) -> Any:
     """The bytes read back and checked (:func:`_checked`), and the file fsynced: the value.
 
     The checks see the bytes written, on disk or not. Up to ``CHECK_HERE_BYTES`` they run
     here before the fsync; larger ones in a helper while this thread waits for the disk.
     """
     if len(data) <= CHECK_HERE_BYTES:
-        value = _checked(temp_name, tmp_fd, data, digest, schema)  # ValueError: not valid
+        value = _checked(fd, data, digest, schema)  # ValueError: not valid
         os.fsync(fd)
         return value
-    checked = Aside(_checked, temp_name, tmp_fd, data, digest, schema)
+    checked = Aside(_checked, fd, data, digest, schema)
     try:
         os.fsync(fd)
     except BaseException:
@@ -257,11 +255,13 @@ def _checked_and_synced(
     return checked.take()  # ValueError: the bytes do not validate
 
 
-def _checked(
-    temp_name: str, tmp_fd: int, data: bytes, digest: tuple[str, bytes], schema: Any
-) -> Any:
-    """The temp file read back, digest-checked and decoded: the value."""
-    back = read_regular(temp_name, tmp_fd, len(data))  # one byte more tells it is longer
+def _checked(fd: int, data: bytes, digest: tuple[str, bytes], schema: Any) -> Any:
+    """The temp file read back, digest-checked and decoded: the value.
+
+    Read through the fd that wrote it (the file this put created, ``O_EXCL``, in the store's
+    own temp directory): one ``pread`` rather than an open, an fstat, a read and a close.
+    """
+    back = os.pread(fd, len(data) + 1, 0)  # one byte more tells it is longer
     check_digest(back, digest[0], len(data), digest[1])
     return decode_exact(back, schema)
 
