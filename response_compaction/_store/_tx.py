@@ -38,6 +38,14 @@ _TOP_USES = (
     " (SELECT last_used FROM entries WHERE kind = ?2 AND last_used < ?3"
     " ORDER BY last_used DESC LIMIT 1)"
 )
+#: What a put asks before recording its row, in one statement rather than three (each about
+#: 3 us between two puts): the attested time, the row's expiry, and the ``_TOP_USES``. Bound to
+#: ``(*KINDS, _USES_LIMIT, now, writer id, kind, key)``.
+_BEFORE_UPSERT = (
+    f"SELECT {attested_sql('?4', '?5')},"  # noqa: S608
+    " (SELECT expires_at FROM entries WHERE kind = ?6 AND key = ?7),"
+    + _TOP_USES.removeprefix("SELECT ")
+)
 
 
 class CorruptRowError(ValueError):
@@ -108,13 +116,17 @@ class Transaction:
         gave its newest writes the lowest numbers.
         """
         if self._uses is None:
-            counter, *tops = self._conn.execute(_TOP_USES, (*KINDS, _USES_LIMIT)).fetchone()
-            if counter is not None:
-                self._conn.execute("DELETE FROM meta WHERE name = 'uses'")
-            found = (number(top) for top in (counter, *tops))
-            self._uses = max((n for n in found if n is not None and n < _USES_LIMIT), default=0.0)
+            row = self._conn.execute(_TOP_USES, (*KINDS, _USES_LIMIT)).fetchone()
+            self._uses = self._top_uses(*row)
         self._uses += 1
         return self._uses
+
+    def _top_uses(self, counter: object, *tops: object) -> float:
+        """The highest use in a ``_TOP_USES`` row; an older version's counter is deleted."""
+        if counter is not None:
+            self._conn.execute("DELETE FROM meta WHERE name = 'uses'")
+        found = (number(top) for top in (counter, *tops))
+        return max((n for n in found if n is not None and n < _USES_LIMIT), default=0.0)
 
     def attested(self, now: float) -> float:
         """``now`` corrected by the clocks already witnessed (see ``_clocks``).
@@ -135,11 +147,18 @@ class Transaction:
         record_clock(self._conn, self.me, now)
 
     def is_live(self, kind: Kind, key: str, now: float) -> bool:
-        """Whether ``key`` has an unexpired row."""
-        row = self._conn.execute(
-            "SELECT expires_at FROM entries WHERE kind = ? AND key = ?", (kind, key)
+        """Whether ``key`` has an unexpired row.
+
+        Asked before an upsert: the same statement reads the attested time at ``now`` and
+        (first time) the highest use, which the upsert then needs.
+        """
+        attested, expires, *uses = self._conn.execute(
+            _BEFORE_UPSERT, (*KINDS, _USES_LIMIT, now, self.me, kind, key)
         ).fetchone()
-        when = None if row is None else number(row[0])
+        self._attested = (now, number(attested) or now)
+        if self._uses is None:
+            self._uses = self._top_uses(*uses)
+        when = number(expires)
         return when is not None and when > now
 
     def upsert(self, kind: Kind, key: str, row: Row, now: float) -> None:
