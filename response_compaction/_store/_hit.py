@@ -79,8 +79,9 @@ def renew_inline(
 def _may_be_on_disk(root: str, kind: Kind, key: str) -> bool:
     """False only if no file is where ``key``'s entry would be: then nothing can be renewed.
 
-    One unchecked ``stat`` (about 2 us) rather than the index lookup (20 us on the loop
-    between two puts): most compactions store a value not seen before. Only a hint: False
+    One unchecked ``stat`` rather than the index lookup: most compactions store a value not
+    seen before, and this check of a new 2 KB value took 22 us on the loop between two puts
+    (tmpfs), 9 us with the ``stat``. Only a hint: False
     sends the put to the worker, which writes afresh through every check (and records the
     key as reused if a row was live after all); anything else takes the checked path here.
     """
