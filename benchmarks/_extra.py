@@ -40,8 +40,8 @@ def _env() -> dict[str, str]:
 
 
 #: Fresh processes per backend. One process's first and second 90 MB compactions each vary by
-#: 100-200 ms (six standalone processes: first minus second from -182 to +209 ms, with no
-#: more page faults in the first), so the median of three flipped the verdict between runs.
+#: 100-200 ms (six standalone processes: first minus second from -182 to +209 ms, the workers'
+#: page faults about as many in both), so the median of three flipped the verdict between runs.
 COLD_PROCESSES = 5
 
 

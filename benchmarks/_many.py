@@ -159,9 +159,9 @@ class ManyValues(SuiteBase):
 
         def done(harness: rc.Harness) -> None:
             # Each batch's 32 MB gone before the next batch (untimed): the next one's page
-            # cache reuses those pages. Pages this VM had not touched since boot made writes
-            # up to 9x dearer (0.3 -> 2.75 ms per MB into tmpfs once ~250 MB were held),
-            # and the batches that ran late in the section paid it.
+            # cache reuses those pages. Pages this VM had not touched since boot, or had handed
+            # back to its host, made writes up to 9x dearer (0.3 -> 2.75 ms per MB into tmpfs
+            # once ~250 MB were held), and the batches late in the section paid it.
             shutil.rmtree(harness.fs.workspace_temp_dir(), ignore_errors=True)
 
         async def one(harness: rc.Harness, value: Any) -> None:
