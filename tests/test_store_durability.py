@@ -20,10 +20,11 @@ from tests._store_support import (
     compact,
     entry_path,
     open_index,
+    ref_of,
     store_root,
     traced,
 )
-from tests.schemas import Exact, Row
+from tests.schemas import Exact, Row, big_exact
 
 pytestmark = pytest.mark.anyio
 
@@ -251,3 +252,25 @@ def _commit_modes(statements: list[str]) -> set[str]:
         elif statement == "COMMIT":
             modes.add(mode)
     return modes
+
+
+@pytest.mark.parametrize("rows", [1, 400], ids=["checked before its fsync", "checked beside it"])
+async def test_a_read_back_that_comes_back_short_reads_on(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch, rows: int
+) -> None:
+    """``pread`` may return less than asked before a file's end (FUSE with ``direct_io``,
+    NFS): a small put's read-back reads on from there rather than refusing its value."""
+    real, calls = os.pread, []
+
+    def short(fd: int, length: int, offset: int) -> bytes:
+        calls.append(offset)
+        return real(fd, min(length, 16), offset)
+
+    value = A if rows == 1 else big_exact(rows)
+    monkeypatch.setattr(os, "pread", short)
+    compacted = await compact(harness, value)
+    monkeypatch.undo()
+    assert compacted.receipt.exact_cache == "stored"
+    assert any(offset > 0 for offset in calls)  # it did read on
+    found = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
+    assert found == rc.Found(value=value)
