@@ -10,8 +10,10 @@ import contextlib
 import os
 import sqlite3
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,6 +83,28 @@ async def test_a_value_with_no_file_in_place_is_known_new_without_the_index(
         await compact(harness, A)
     assert on_loop == []
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_the_loop_looks_for_a_new_values_file_only_within_the_checked_tree(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's ``stat`` of where an entry would be runs once the store's tree is open and
+    checked current, relative to it: never by the store's whole path, which a hung network
+    mount would hold the loop on, and not at all before the tree is open."""
+    loop, seen, real = threading.get_ident(), [], os.stat
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if threading.get_ident() == loop:
+            seen.append((os.fspath(path), kwargs.get("dir_fd")))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    await compact(harness, A)  # a fresh store: no tree open before this put's worker
+    assert not [path for path, _ in seen if hex_of(A) in str(path)]
+    assert (await compact(harness, B)).receipt.exact_cache == "stored"
+    looked = [(path, fd) for path, fd in seen if hex_of(B) in str(path)]
+    assert looked
+    assert all(fd is not None and not os.path.isabs(path) for path, fd in looked)
 
 
 @pytest.mark.parametrize("mode", ["PASSIVE", "TRUNCATE"])

@@ -25,7 +25,7 @@ from ._index import CorruptRowError, IndexBusy, Row
 from ._oneshot import Put, renewable, stored_as
 from ._paths import Kind, valid_name
 from ._reads import INLINE_READ_BYTES, NOT_INLINE
-from ._tree import release_now, tree_now
+from ._tree import Tree, release_now, tree_now
 
 __all__ = ["renew_inline"]
 
@@ -39,11 +39,24 @@ def renew_inline(
     worker writes ``data`` afresh without looking again. ``NOT_INLINE``: the worker does the
     whole put. Raises ``ValueError`` if the stored bytes (``data``'s) do not validate.
     """
-    if len(data) > INLINE_READ_BYTES:
+    if len(data) > INLINE_READ_BYTES or not valid_name(kind, key):
+        return NOT_INLINE  # an invalid name: the worker's checked path refuses it
+    dirs = tree_now(root, kind)
+    if dirs is None:
         return NOT_INLINE
-    if not _may_be_on_disk(root, kind, key):
-        return None  # a renewal needs the bytes on disk: the worker writes them
-    index = _indexes.acquire_now(root)
+    try:
+        if not _may_be_on_disk(dirs, kind, key):
+            return None  # a renewal needs the bytes on disk: the worker writes them
+        return _renew_if_live(dirs, kind, key, data, row, schema, now, bound)
+    finally:
+        release_now(dirs)
+
+
+def _renew_if_live(
+    dirs: Tree, kind: Kind, key: str, data: bytes, row: Row, schema: Any, now: float, bound: int
+) -> Any:
+    """:func:`renew_inline` past its checks of the tree: the index's part and the bytes'."""
+    index = _indexes.acquire_now(dirs.root)
     if index is None:
         return NOT_INLINE
     try:
@@ -55,13 +68,7 @@ def renew_inline(
             return NOT_INLINE  # the worker retries, or reports it
         if not renewable(existing, row, now):
             return None
-        dirs = tree_now(root, kind)
-        if dirs is None:
-            return NOT_INLINE
-        try:
-            on_disk = stored_as(dirs, kind, key, (data,), row.size)
-        finally:
-            release_now(dirs)
+        on_disk = stored_as(dirs, kind, key, (data,), row.size)
         if on_disk is None:
             return None
         value = decode_exact(on_disk, schema)  # ValueError: the value does not validate
@@ -76,19 +83,19 @@ def renew_inline(
     return Put(reused=True, value=value) if renewed else None
 
 
-def _may_be_on_disk(root: str, kind: Kind, key: str) -> bool:
+def _may_be_on_disk(dirs: Tree, kind: Kind, key: str) -> bool:
     """False only if no file is where ``key``'s entry would be: then nothing can be renewed.
 
     One unchecked ``stat`` rather than the index lookup: most compactions store a value not
     seen before, and this check of a new 2 KB value took 22 us on the loop between two puts
-    (tmpfs), 9 us with the ``stat``. Only a hint: False
-    sends the put to the worker, which writes afresh through every check (and records the
-    key as reused if a row was live after all); anything else takes the checked path here.
+    (tmpfs), 9 us with a ``stat`` of the whole path. Relative to the kind's directory of the
+    tree just checked current, so only the fan-out directory and the entry's name are looked
+    up (the name not followed if a link), and only once the tree is open. Only a hint:
+    False sends the put to the worker, which writes afresh through every check (and records
+    the key as reused if a row was live after all); anything else takes the checked path.
     """
-    if not valid_name(kind, key):
-        return True  # the checked path refuses it
     try:
-        os.stat(f"{root}/{kind}/{key[:2]}/{key}", follow_symlinks=False)
+        os.stat(f"{key[:2]}/{key}", dir_fd=dirs.kind_fd(kind), follow_symlinks=False)
     except FileNotFoundError:
         return False
     except OSError:
