@@ -80,8 +80,9 @@ async def test_a_value_with_no_file_in_place_is_known_new_without_the_index(
     assert on_loop == []
     entry_path(store_root(harness.fs), hex_of(A)).unlink()  # its row still live
     with loop_statements(harness) as on_loop:
-        await compact(harness, A)
+        again = await compact(harness, A)
     assert on_loop == []
+    assert again.receipt.exact_cache == "reused"  # written afresh, its row was live
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
 
 
