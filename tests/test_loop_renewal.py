@@ -90,8 +90,8 @@ async def test_the_loop_looks_for_a_new_values_file_only_within_the_checked_tree
     harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loop's ``stat`` of where an entry would be runs once the store's tree is open and
-    checked current, relative to it: never by the store's whole path, which a hung network
-    mount would hold the loop on, and not at all before the tree is open."""
+    checked current, relative to it: not at all before the tree is open, and by two names, not
+    the store's whole path. (The tree's own check still ``lstat``s the root by its path.)"""
     loop, seen, real = threading.get_ident(), [], os.stat
 
     def stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:

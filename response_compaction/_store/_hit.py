@@ -90,7 +90,9 @@ def _may_be_on_disk(dirs: Tree, kind: Kind, key: str) -> bool:
     seen before, and this check of a new 2 KB value took 22 us on the loop between two puts
     (tmpfs), 9 us with a ``stat`` of the whole path. Relative to the kind's directory of the
     tree just checked current, so only the fan-out directory and the entry's name are looked
-    up (the name not followed if a link), and only once the tree is open. Only a hint:
+    up (the name not followed if a link), and only once the tree is open. (That check itself
+    ``lstat``s the root by its whole path, on the loop: a hung network mount still holds the
+    loop there, as it did every inline read and renewal before.) Only a hint:
     False sends the put to the worker, which writes afresh through every check (and records
     the key as reused if a row was live after all); anything else takes the checked path.
     """
