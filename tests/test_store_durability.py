@@ -267,9 +267,9 @@ async def test_a_read_back_that_comes_back_short_reads_on(
         return real(fd, min(length, 16), offset)
 
     value = A if rows == 1 else big_exact(rows)
-    monkeypatch.setattr(os, "pread", short)
-    compacted = await compact(harness, value)
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:  # not undo(): the autouse fixtures' patches stay
+        patch.setattr(os, "pread", short)
+        compacted = await compact(harness, value)
     assert compacted.receipt.exact_cache == "stored"
     assert any(offset > 0 for offset in calls)  # it did read on
     found = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
