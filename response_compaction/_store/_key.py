@@ -20,6 +20,7 @@ import stat
 from .._digest import KEY_BYTES
 from .._errors import StoreError, UnsafeStoreError
 from ._paths import FILE_FLAGS, open_dir, unlink_quietly
+from ._reading import read_limited
 
 __all__ = ["KEY_NAME", "load_key", "read_key"]
 
@@ -72,7 +73,7 @@ def _read_key(root_fd: int, root: str) -> bytes | None:
             raise UnsafeStoreError("store key is owned by another user", path)
         if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise UnsafeStoreError("store key is open to group or others", path)
-        data = os.read(fd, KEY_BYTES + 1)
+        data = read_limited(fd, KEY_BYTES, st.st_size)  # reads on after a short read
     finally:
         os.close(fd)
     if len(data) != KEY_BYTES:

@@ -259,32 +259,15 @@ def _checked(fd: int, data: bytes, digest: tuple[str, bytes], schema: Any) -> An
     """The temp file read back, digest-checked and decoded: the value.
 
     Read through the fd that wrote it (the file this put created, ``O_EXCL``, in the store's
-    own temp directory): a ``pread`` rather than an open, an fstat, a read and a close.
+    own temp directory), from its start: a seek and a read rather than an open, an fstat, a
+    read and a close. :func:`read_limited` reads on where a read comes back short before the
+    end (FUSE with ``direct_io``, NFS), which would otherwise fail the length check as a value
+    that does not validate; told the size written, it stops after one read in the usual case.
     """
-    back = _read_back(fd, len(data) + 1)  # one byte more tells it is longer
+    os.lseek(fd, 0, os.SEEK_SET)
+    back = read_limited(fd, len(data), len(data))  # one byte more tells it is longer
     check_digest(back, digest[0], len(data), digest[1])
     return decode_exact(back, schema)
-
-
-def _read_back(fd: int, want: int) -> bytes:
-    """Up to ``want`` bytes of ``fd`` from its start, ``want - 1`` being what was written.
-
-    A ``pread`` may return less than asked before the end (FUSE with ``direct_io``, NFS, a
-    signal): read on from where it stopped until ``want`` bytes or an empty read, pieces
-    joined once, or a short read would fail the length check as a value that does not
-    validate. One call when it brought what was written: at the end of a file a read comes
-    back short, and asking again to learn so would add a system call to every put. (Should
-    a short read stop exactly there on a file longer than written, the bytes checked are
-    still the value's; reads then find the file longer than its row: broken, not Found.)
-    """
-    back = os.pread(fd, want, 0)
-    if len(back) >= want - 1:  # the usual case: one call
-        return back
-    chunks, got = [back], len(back)
-    while got < want and (chunk := os.pread(fd, want - got, got)):
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
 
 
 def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
