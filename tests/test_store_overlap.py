@@ -1,9 +1,11 @@
 """Work a put runs beside its fsyncs: the durable order kept, every failure still fatal.
 
 A small put verifies its temp file's bytes in a helper thread while it fsyncs the file, and
-fsyncs its directory in a helper beside the index's COMMIT (``_store._aside``). These tests pin what
-that must not change: the file is synced before its name moves, both syncs have returned
-before the receipt, and a failing one of either fails the call with nothing half-kept.
+fsyncs its directory in a helper beside the index's COMMIT (``_store._aside``); a small value
+named by its digest has its row committed while a helper fsyncs the file. These tests pin
+what that must not change: the file is synced before its name moves, every sync has returned
+before the receipt, and a failing one fails the call, with no receipt and nothing that reads
+as another value.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ from tests._store_support import (
 from tests.schemas import Exact, Row
 
 pytestmark = pytest.mark.anyio
+
+#: Bounds a wait that only a put holding the index's lock through its file's fsync makes long.
+GUARD_SECONDS = 10
 
 A = Exact(rows=[Row(id=1, name="alpha")], total=1)
 B = Exact(rows=[Row(id=2, name="beta")], total=1)
@@ -108,10 +113,15 @@ async def test_the_file_is_synced_before_its_rename_and_both_syncs_before_the_re
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
 
 
-async def test_a_failed_file_fsync_beside_the_checks_stores_nothing(
+async def test_a_failed_file_fsync_gives_no_receipt_and_publishes_no_file(
     harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """EIO from the temp file's fsync (checks run beside it) fails the put, leaving no trace."""
+    """EIO from the temp file's fsync fails the put: no rename, no temp file left, nothing read.
+
+    The row was committed beside that fsync (``publish_recorded``) and stays: it names no
+    file, so it reads Missing, and the next put of the value writes the file (as a key that
+    was live: ``reused``) and reads it back Found.
+    """
     await compact(harness, B)
     root = store_root(harness.fs)
     journal = Journal(fail=lambda fd: not _is_dir(fd))
@@ -120,12 +130,15 @@ async def test_a_failed_file_fsync_beside_the_checks_stores_nothing(
     assert ("fsync-failed", "file") in journal.events
     assert not any(e[0] == "rename" for e in journal.events)
     assert entry_files(root) == {hex_of(B)}
-    assert index_rows(root) == {hex_of(B)}
+    assert index_rows(root) <= {hex_of(A), hex_of(B)}
     assert temp_files(root) == []
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
-    # The write lock staged beside the fsync was given back: the next put goes through at once.
+    # The write lock was given back: the next put goes through at once.
     with anyio.fail_after(5):
-        assert (await compact(harness, A)).receipt.exact_cache == "stored"
+        again = await compact(harness, A)
+    assert again.receipt.exact_cache in ("stored", "reused")
+    assert entry_files(root) == {hex_of(A), hex_of(B)}
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
 
 
 async def test_a_failed_directory_fsync_beside_the_commit_gives_no_receipt(
@@ -367,7 +380,10 @@ async def test_the_index_is_free_for_other_writers_while_the_file_is_fsynced(
             return
         # The temp file's fsync has returned, but the put is still inside it: the checks run
         # beside it have had the whole fsync to finish, and must not hold the write lock.
-        other = sqlite3.connect(path, timeout=0, isolation_level=None)
+        # Waiting as long as it takes: the put's own COMMIT may be under way beside this
+        # fsync (``publish_recorded``), but nothing of the put holds the lock until the fsync
+        # has returned (that would wait here for GUARD_SECONDS, then fail).
+        other = sqlite3.connect(path, timeout=GUARD_SECONDS, isolation_level=None)
         try:
             other.execute("BEGIN IMMEDIATE")  # as another process's writer would
             other.execute("ROLLBACK")
@@ -383,3 +399,84 @@ async def test_the_index_is_free_for_other_writers_while_the_file_is_fsynced(
     assert taken
     assert all(taken)
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+class _DuringFileFsync:
+    """``os.fsync`` and ``os.unlink`` twins: ``during(index_path)`` runs inside the temp file's
+    fsync, once the put's transaction has evicted ``evicted`` (so is under way), holding the
+    index's write lock from another connection (so after that transaction's COMMIT)."""
+
+    def __init__(self, evicted: str, during: Callable[[sqlite3.Connection], object]) -> None:
+        self.evicting = threading.Event()
+        self.seen: list[object] = []
+        self._evicted, self._during = evicted, during
+
+    @contextlib.contextmanager
+    def installed(self, monkeypatch: pytest.MonkeyPatch, path: Path) -> Iterator[None]:
+        real_fsync, real_unlink = os.fsync, os.unlink
+
+        def unlink(name: Any, *args: Any, **kwargs: Any) -> None:
+            if name == self._evicted:
+                self.evicting.set()
+            real_unlink(name, *args, **kwargs)
+
+        def fsync(fd: Any) -> None:
+            fd = fd if isinstance(fd, int) else fd.fileno()
+            if not _is_dir(fd) and self.evicting.wait(timeout=GUARD_SECONDS):
+                other = sqlite3.connect(path, timeout=GUARD_SECONDS, isolation_level=None)
+                try:
+                    other.execute("BEGIN IMMEDIATE")  # waits for the put's COMMIT
+                    self.seen.append(self._during(other))
+                    other.execute("COMMIT")
+                finally:
+                    other.close()
+            real_fsync(fd)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fsync", fsync)
+            patch.setattr(os, "unlink", unlink)
+            yield
+
+
+def _exact_keys(conn: sqlite3.Connection) -> set[str]:
+    return {str(k) for (k,) in conn.execute("SELECT key FROM entries WHERE kind = 'exact'")}
+
+
+async def test_the_row_is_committed_while_the_file_is_fsynced(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small value's row is committed beside its temp file's fsync, not after it: the two
+    disk waits before the rename overlap. (Before, the COMMIT waited for the fsync: this
+    fsync then waited GUARD_SECONDS for the eviction and saw nothing.) The rename still waits
+    for the fsync, and the value reads back Found."""
+    await compact(harness, B)
+    twin = _DuringFileFsync(hex_of(B), _exact_keys)  # max_entries=1: A's transaction evicts B
+    with twin.installed(monkeypatch, store_root(workspace) / "index.sqlite3"):
+        out = await compact(harness, A, max_entries=1)
+    assert twin.seen == [{hex_of(A)}]
+    assert out.receipt.exact_cache == "stored"
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_a_row_evicted_before_its_rename_leaves_a_file_that_a_prune_removes(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer evicts the row between its COMMIT and the rename: the put's receipt
+    reads Missing (evicted, as it could be just after the call), never a wrong value, and the
+    file then renamed into place, which no row names, is removed by a prune."""
+    await compact(harness, B)
+    root = store_root(workspace)
+
+    def evict(conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM entries WHERE kind = 'exact' AND key = ?", (hex_of(A),))
+
+    twin = _DuringFileFsync(hex_of(B), evict)
+    with twin.installed(monkeypatch, root / "index.sqlite3"):
+        out = await compact(harness, A, max_entries=1)
+    assert twin.seen == [None]
+    assert out.receipt.exact_ref == ref_of(A)
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
+    assert entry_files(root) == {hex_of(A)}
+    store = await open_store(harness.fs)
+    assert await store.prune() == 1
+    assert entry_files(root) == set()

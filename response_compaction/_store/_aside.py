@@ -6,7 +6,8 @@ after the rename, the index's WAL at COMMIT); run one after another they were mo
 time. The order that makes a value durable is kept: the file's fsync ends before its rename
 (a name made durable before its bytes could survive a crash as an empty file), and no receipt
 is handed until every fsync has returned. What may overlap is only what does not depend on it:
-the read-back checks beside the file's fsync, the directory's fsync beside the index's COMMIT.
+the read-back checks beside the file's fsync, the directory's fsync beside the index's COMMIT
+(or, for an entry named by its digest, the COMMIT beside the file's fsync: ``_commit``).
 
 Whichever of the two needs the GIL goes to the helper: a helper thread waits for the GIL while
 the caller runs Python, so an fsync handed to it started 140 us late (median) while the caller

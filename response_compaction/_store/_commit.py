@@ -23,6 +23,7 @@ __all__ = [
     "prune_all",
     "publish",
     "publish_all",
+    "publish_recorded",
     "remove_entry",
     "renew",
     "renew_on_loop",
@@ -115,6 +116,57 @@ def publish(
         finally:
             if dir_sync is not None:
                 _synced(dir_sync.wait)  # before the fan-out fd it syncs is closed
+    return reused
+
+
+def publish_recorded(
+    index: Index,
+    fd: int,
+    temp_name: str,
+    kind: Kind,
+    key: str,
+    row: Row,
+    now: float,
+    max_entries: int,
+    held: Tree,
+) -> bool:
+    """:func:`publish` of a content-addressed entry, its row committed beside the file's fsync.
+
+    The temp file ``fd`` (its bytes checked) is fsynced in a helper while this thread commits
+    the row and evicts for it; then the file is renamed into place and its directory fsynced,
+    outside the write lock. The two disk waits before the rename (the file's fsync and the
+    COMMIT's) overlap instead of following each other, and the lock is never held for the
+    file's sake. Only for a key that is the keyed digest of the bytes, so a file any other
+    writer renames to that name meanwhile holds the same bytes. A row durable before its name
+    is harmless (see :func:`publish`): it reads Missing until the rename, and for good if the
+    fsync or the rename fails (no receipt is handed then; the next put of the value writes it
+    again, as a key that was live). A row evicted between the COMMIT and the rename leaves a
+    file no row names, which a prune removes. Returns whether ``key`` was live before.
+    """
+    # The row is visible from its COMMIT until the directory's fsync (see ``_naming``).
+    with Dirs(index.root, held) as dirs, _naming_entries():
+        synced = Aside(fsync, fd, pool="sync")
+        try:
+            fan_fd = dirs.fanout(kind, key)  # made now if missing; a planted link refused first
+            reused = _record(index, kind, key, row, now, max_entries, held)
+        except BaseException:
+            synced.join()  # before the caller closes the fd it syncs
+            raise
+        synced.wait()  # its failure fails the put: the file is synced before its rename
+        dirs.publish(temp_name, kind, key, sync=False)
+        _synced(lambda: fsync(fan_fd))
+    return reused
+
+
+def _record(
+    index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int, held: Tree
+) -> bool:
+    """Commit ``key``'s row and evict for it (files unlinked under the lock); whether live."""
+    with Dirs(index.root, held) as dirs, index.transaction() as tx:
+        tx.saw(now)
+        reused = tx.is_live(kind, key, now)
+        tx.upsert(kind, key, row, now)
+        _evict(tx, dirs, kind, key, now, max_entries)
     return reused
 
 
