@@ -130,14 +130,37 @@ async def test_a_failed_file_fsync_gives_no_receipt_and_publishes_no_file(
     assert ("fsync-failed", "file") in journal.events
     assert not any(e[0] == "rename" for e in journal.events)
     assert entry_files(root) == {hex_of(B)}
-    assert index_rows(root) <= {hex_of(A), hex_of(B)}
+    assert index_rows(root) == {hex_of(A), hex_of(B)}  # committed before the fsync failed
     assert temp_files(root) == []
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
     # The write lock was given back: the next put goes through at once.
     with anyio.fail_after(5):
         again = await compact(harness, A)
-    assert again.receipt.exact_cache in ("stored", "reused")
+    assert again.receipt.exact_cache == "reused"
     assert entry_files(root) == {hex_of(A), hex_of(B)}
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_a_put_failing_after_its_row_leaves_no_name_taken_as_synced(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its row (this process's writer) stays, naming a file it never renamed. When another
+    writer's file lands there (renamed, its directory's fsync maybe still to come), compacting
+    the value again renews it: that renewal must fsync the directory itself before its
+    receipt, not take the name as synced by this process (it was renewed on the loop with no
+    fsync before the failure was remembered)."""
+    await compact(harness, B)
+    root = store_root(harness.fs)
+    failing = Journal(fail=lambda fd: not _is_dir(fd))
+    with failing.installed(monkeypatch), pytest.raises(OSError, match="could not"):
+        await compact(harness, A)
+    assert index_rows(root) == {hex_of(A), hex_of(B)}
+    entry_path(root, hex_of(A)).write_bytes(canonical(A))  # another writer's rename
+    journal = Journal()
+    with journal.installed(monkeypatch):
+        again = await compact(harness, A)
+    assert again.receipt.exact_cache == "reused"
+    assert ("fsync-end", "dir") in journal.events
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
 
 

@@ -12,12 +12,16 @@ Layout below ``workspace_temp_dir()``::
 Entries are immutable files written by one algorithm (:meth:`Store.put`): a temporary file
 in ``tmp/`` (written in a loop, since ``write`` may be short), fsync, read back and verified
 (digest and schema), then, holding the index's write lock, the row upserted, the file renamed
-into place, and the directory fsynced beside the COMMIT (both end before any receipt). TTL
-and LRU live in the index, not in file times (relatime and noatime make atime useless, and a
-read must count as a use). Eviction deletes the row and the
-file under the same lock, so a writer never has its fresh entry unlinked, and fan-out
-directories are never removed. A reader that finds the row but not the file (a concurrent
-eviction) reports ``Missing``; any byte that does not hash to the reference (or, for a
+into place, and the directory fsynced beside the COMMIT (both end before any receipt). A small
+exact value commits its row beside the file's fsync instead, then renames the file and fsyncs
+the directory outside the lock (``_commit.publish_recorded``): its name is its digest, so any
+file renamed there holds its bytes. TTL and LRU live in the index, not in file times
+(relatime and noatime make atime useless, and a read must count as a use). Eviction deletes
+the row and the file under the same lock, so a writer never has its fresh entry unlinked
+while its row stays (a row evicted before its file is renamed leaves a file no row names,
+which a prune removes), and fan-out directories are never removed. A reader that finds the
+row but not the file (a concurrent eviction, or a small put not yet renamed) reports
+``Missing``; any byte that does not hash to the reference (or, for a
 summary, is not sealed to its key) is ``Broken``: the index is a hint, never trusted for data.
 
 Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_tree`` (the root's

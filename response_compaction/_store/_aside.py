@@ -11,7 +11,10 @@ the read-back checks beside the file's fsync, the directory's fsync beside the i
 
 Whichever of the two needs the GIL goes to the helper: a helper thread waits for the GIL while
 the caller runs Python, so an fsync handed to it started 140 us late (median) while the caller
-verified; the caller's own fsync starts at once and leaves the GIL to the helper's checks. A
+verified; the caller's own fsync starts at once and leaves the GIL to the helper's checks.
+The exception is the row committed beside a file's fsync (``_commit.publish_recorded``): the
+row's statements release the GIL around each step, and run where their lock is used, so the
+fsync goes to the helper (it starts 30-54 us after the call, p10-p50). A
 failure in the helper is raised by :meth:`Aside.wait`, so a failure to retain still fails the
 call.
 """

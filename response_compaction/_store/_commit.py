@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from ._aside import Aside, fsync
 from ._clocks import writer_id
+from ._hop import HOP_THREADS
 from ._index import Index, IndexBusy, Row, Transaction
 from ._paths import KINDS, Kind
 from ._tree import Dirs, Tree
@@ -143,30 +144,58 @@ def publish_recorded(
     again, as a key that was live). A row evicted between the COMMIT and the rename leaves a
     file no row names, which a prune removes. Returns whether ``key`` was live before.
     """
-    # The row is visible from its COMMIT until the directory's fsync (see ``_naming``).
-    with Dirs(index.root, held) as dirs, _naming_entries():
-        synced = Aside(fsync, fd, pool="sync")
+    with Dirs(index.root, held) as dirs:
+        synced = Aside(fsync, fd, pool="file-sync", limit=HOP_THREADS)  # one per put thread
         try:
             fan_fd = dirs.fanout(kind, key)  # made now if missing; a planted link refused first
-            reused = _record(index, kind, key, row, now, max_entries, held)
-        except BaseException:
+            # The row is visible from its COMMIT until the directory's fsync (``_naming``).
+            with _naming_entries():
+                reused = _record(index, kind, key, row, now, max_entries, held)
+                _name_after_record(synced, dirs, temp_name, kind, key, fan_fd)
+        finally:
             synced.join()  # before the caller closes the fd it syncs
-            raise
+    return reused
+
+
+def _name_after_record(
+    synced: Aside[None], dirs: Dirs, temp_name: str, kind: Kind, key: str, fan_fd: int
+) -> None:
+    """Once the file's fsync has returned, rename it into place and fsync its directory.
+
+    A failure here leaves a committed row of this process's writer whose name may not be on
+    disk (another writer's file renamed meanwhile, its directory not yet synced): from then
+    on no name of this process is taken to be on disk (``_names_on_disk``), as after a
+    failed directory fsync.
+    """
+    try:
         synced.wait()  # its failure fails the put: the file is synced before its rename
         dirs.publish(temp_name, kind, key, sync=False)
-        _synced(lambda: fsync(fan_fd))
-    return reused
+        fsync(fan_fd)
+    except BaseException:
+        _naming_failed[0] = True
+        raise
 
 
 def _record(
     index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int, held: Tree
 ) -> bool:
-    """Commit ``key``'s row and evict for it (files unlinked under the lock); whether live."""
-    with Dirs(index.root, held) as dirs, index.transaction() as tx:
-        tx.saw(now)
-        reused = tx.is_live(kind, key, now)
-        tx.upsert(kind, key, row, now)
-        _evict(tx, dirs, kind, key, now, max_entries)
+    """Commit ``key``'s row and evict for it (files unlinked under the lock); whether live.
+
+    A failure other than a busy lock (raised before anything is done) is remembered as a
+    failed naming (see :func:`_name_after_record`): a COMMIT whose fsync failed may still
+    have reached the log.
+    """
+    try:
+        with Dirs(index.root, held) as dirs, index.transaction() as tx:
+            tx.saw(now)
+            reused = tx.is_live(kind, key, now)
+            tx.upsert(kind, key, row, now)
+            _evict(tx, dirs, kind, key, now, max_entries)
+    except IndexBusy:
+        raise
+    except BaseException:
+        _naming_failed[0] = True
+        raise
     return reused
 
 
@@ -316,8 +345,9 @@ def prune_all(index: Index, now: float, max_entries: int | None) -> int:
             dirs.unlink(kind, key)
         removed = len(victims)
         # A writer renames its file into place and records the row inside one write
-        # transaction; we hold that lock, so a file without a row was left by a writer that
-        # died between the two. Nobody will ever read it.
+        # transaction, or (``publish_recorded``) commits the row before it renames; we hold
+        # the lock, so a file without a row was left by a writer that died between the two,
+        # or renamed after its row was evicted. Nobody will ever read it.
         for kind in KINDS:
             recorded = tx.keys(kind)
             for name in list(dirs.entry_files(kind)):

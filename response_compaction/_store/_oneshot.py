@@ -16,8 +16,8 @@ A value named by its digest (an exact value) of up to ``CHECK_HERE_BYTES``, chec
 has its row committed by this thread while a helper fsyncs the file
 (``_commit.publish_recorded``): the COMMIT's wait on the disk overlaps the file's, and the
 rename and the directory's fsync follow both. 2 KB compactions on ext4 alternating with the
-order above in one process (2000 a run, four runs): 70-130 us less at the tenth percentile
-and the median, 15-90 us at the minimum. Staging only the row's statements in a helper
+order above in one process (2000 a run, four runs): 130-160 us less at the tenth percentile
+and the median, 90-150 us at the minimum. Staging only the row's statements in a helper
 during the file's fsync, the COMMIT after it, had given 10-25 us at the minimum and nothing at
 the median. A value under another key (a summary) is renamed under the lock before its row
 is committed: a file another writer renamed to that name meanwhile could hold other bytes.
@@ -227,7 +227,7 @@ def _write_new(
         )
         try:
             write_fully(fd, data)
-            if key == digest[0] and len(data) <= CHECK_HERE_BYTES:  # content-addressed
+            if kind == "exact" and key == digest[0] and len(data) <= CHECK_HERE_BYTES:
                 value = _checked(fd, data, digest, schema)  # ValueError: not valid
                 with map_errors(f"could not publish the {kind} value in the store index"):
                     reused = publish_recorded(index, fd, temp_name, kind, key, row, now,
