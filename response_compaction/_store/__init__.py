@@ -12,26 +12,22 @@ Layout below ``workspace_temp_dir()``::
 Entries are immutable files written by one algorithm (:meth:`Store.put`): a temporary file
 in ``tmp/`` (written in a loop, since ``write`` may be short), fsync, read back and verified
 (digest and schema), then, holding the index's write lock, the row upserted, the file renamed
-into place, and the directory fsynced beside the COMMIT (both end before any receipt). A small
-exact value commits its row beside the file's fsync instead, then renames the file and fsyncs
-the directory outside the lock (``_commit.publish_recorded``): its name is its digest, so any
-file renamed there holds its bytes. TTL and LRU live in the index, not in file times
-(relatime and noatime make atime useless, and a read must count as a use). Eviction deletes
-the row and the file under the same lock, so a writer never has its fresh entry unlinked
-while its row stays (a row evicted before its file is renamed leaves a file no row names,
-which a prune removes), and fan-out directories are never removed. A reader that finds the
-row but not the file (a concurrent eviction, or a small put not yet renamed) reports
-``Missing``; any byte that does not hash to the reference (or, for a
-summary, is not sealed to its key) is ``Broken``: the index is a hint, never trusted for data.
+into place, and the directory fsynced beside the COMMIT (all before any receipt); a small
+exact value, named by its digest, commits its row beside the file's fsync and is renamed
+after it, outside the lock (``_commit.publish_recorded``). TTL and LRU live in the index, not
+in file times (relatime and noatime make atime useless, and a read must count as a use).
+Eviction deletes the row and the file under one lock, so a writer never has its fresh file
+unlinked while its row stays; fan-out directories are never removed. A row without its file
+(evicted, or not yet renamed) reads ``Missing``; bytes that do not hash to the reference (or
+a summary not sealed to its key) ``Broken``: the index is a hint, never trusted for data.
 
 Rooms: ``_paths`` (the owned root, fd-safe file operations), ``_tree`` (the root's
-directories held open and re-checked per call), ``_index`` (the connection
-registry and reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file
-safely), ``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store's digest and
-sealing key), ``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop
-file seam), ``_aside`` (work beside an fsync, in a helper thread), ``_oneshot`` and
-``_medium`` (a put in one hop), ``_reads`` (a get in one step). This module puts them
-together; nothing below it imports it.
+directories held open and re-checked per call), ``_index`` (the connection registry and
+reads), ``_tx`` (rows and write statements), ``_sqlite`` (opening the file safely),
+``_clocks`` (expiry rules across skewed clocks), ``_key`` (the store's digest and sealing
+key), ``_verify`` (digest, seal and schema checks), ``_fileio`` (the per-event-loop file
+seam), ``_aside`` (work beside an fsync, in a helper thread), ``_oneshot`` and ``_medium`` (a
+put in one hop), ``_reads`` (a get in one step), put together here (nothing below imports it).
 """
 
 from __future__ import annotations
