@@ -20,9 +20,10 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(autouse=True)
 def _fresh_naming_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A failed directory fsync makes this process stop vouching for its names for good
-    (``_commit``), so a renewal syncs instead of committing on the loop: one test's injected
-    failure must not change what the tests after it see (it did, by order, before this)."""
+    """A failed directory fsync (or a small put failing after its row's COMMIT) makes this
+    process stop vouching for its names for good (``_commit``), so a renewal syncs instead of
+    committing on the loop: one test's injected failure must not change what the tests after
+    it see (it did, by order, before this)."""
     monkeypatch.setattr(_commit, "_naming_failed", [False])
 
 

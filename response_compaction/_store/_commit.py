@@ -34,8 +34,9 @@ __all__ = [
 EXPIRED_PER_COMMIT = 64
 
 # This process's publishes and renewals between the moment their row was visible and the end
-# of their directory's fsync (see renew); True once such an fsync failed: from then on none of
-# this process's names is known to be on disk by this count.
+# of their directory's fsync (see renew); True once one of them failed after its row may have
+# become visible (a directory fsync, or a small put's COMMIT, file fsync or rename): from then
+# on none of this process's names is known to be on disk by this count.
 _naming = [0]
 _naming_failed = [False]
 _naming_lock = threading.Lock()
@@ -45,6 +46,7 @@ def _forget_naming_in_child() -> None:
     global _naming_lock
     _naming_lock = threading.Lock()  # it may have been held by a thread that does not exist here
     _naming[0] = 0  # a child has a writer id of its own: none of its rows is "ours" yet
+    _naming_failed[0] = False  # so none of the parent's failures is either
 
 
 os.register_at_fork(after_in_child=_forget_naming_in_child)
@@ -66,7 +68,7 @@ def _names_on_disk(previous_writer: object) -> bool:
 
     True when this process's writer stored or renewed the row last and none of its other
     publishes or renewals is between a visible row and its directory's fsync: each of them
-    ended with that fsync, which never failed.
+    ended with that fsync, and none failed after its row may have become visible.
     """
     with _naming_lock:
         return previous_writer == writer_id() and _naming[0] == 1 and not _naming_failed[0]
@@ -181,20 +183,21 @@ def _record(
 ) -> bool:
     """Commit ``key``'s row and evict for it (files unlinked under the lock); whether live.
 
-    A failure other than a busy lock (raised before anything is done) is remembered as a
-    failed naming (see :func:`_name_after_record`): a COMMIT whose fsync failed may still
-    have reached the log.
+    A failure once the statements have run (at or around the COMMIT, whose fsync may fail
+    after the frames reached the log) is remembered as a failed naming (see
+    :func:`_name_after_record`); one before them rolled everything back.
     """
+    stated = False
     try:
         with Dirs(index.root, held) as dirs, index.transaction() as tx:
             tx.saw(now)
             reused = tx.is_live(kind, key, now)
             tx.upsert(kind, key, row, now)
             _evict(tx, dirs, kind, key, now, max_entries)
-    except IndexBusy:
-        raise
+            stated = True
     except BaseException:
-        _naming_failed[0] = True
+        if stated:
+            _naming_failed[0] = True
         raise
     return reused
 
@@ -298,7 +301,8 @@ def renew_on_loop(
     """:func:`renew` on the event loop thread, or None (nothing done) when that would block.
 
     It would when the lock is busy or the commit would fsync (``Index.transaction``), when
-    the name must be synced first (another writer's, or one of ours still being synced), or
+    the name must be synced first (another writer's, one of ours still being synced, or any
+    once one of ours failed: ``_naming_failed``), or
     when rows are to be evicted (their files unlinked): the worker thread's :func:`renew`
     does all of that.
     """
