@@ -122,30 +122,21 @@ def publish(
     return reused
 
 
-def publish_recorded(
-    index: Index,
-    fd: int,
-    temp_name: str,
-    kind: Kind,
-    key: str,
-    row: Row,
-    now: float,
-    max_entries: int,
-    held: Tree,
-) -> bool:
+def publish_recorded(index: Index, fd: int, item: Publication, held: Tree) -> bool:
     """:func:`publish` of a content-addressed entry, its row committed beside the file's fsync.
 
-    The temp file ``fd`` (its bytes checked) is fsynced in a helper while this thread commits
-    the row and evicts for it; then the file is renamed into place and its directory fsynced,
-    outside the write lock. The two disk waits before the rename (the file's fsync and the
-    COMMIT's) overlap instead of following each other, and the lock is never held for the
-    file's sake. Only for a key that is the keyed digest of the bytes, so a file any other
-    writer renames to that name meanwhile holds the same bytes. A row durable before its name
-    is harmless (see :func:`publish`): it reads Missing until the rename, and for good if the
-    fsync or the rename fails (no receipt is handed then; the next put of the value writes it
-    again, as a key that was live). A row evicted between the COMMIT and the rename leaves a
-    file no row names, which a prune removes. Returns whether ``key`` was live before.
+    The temp file ``fd`` (``item``'s, its bytes checked) is fsynced in a helper while this
+    thread commits the row and evicts for it; then the file is renamed into place and its
+    directory fsynced, outside the write lock. The two disk waits before the rename (the file's
+    fsync and the COMMIT's) overlap instead of following each other, and the lock is never
+    held for the file's sake. Only for a key that is the keyed digest of the bytes, so a file
+    any other writer renames to that name meanwhile holds the same bytes. A row durable before
+    its name is harmless (see :func:`publish`): it reads Missing until the rename, and for
+    good if the fsync or the rename fails (no receipt is handed then; the next put of the
+    value writes it again, as a key that was live). A row evicted between the COMMIT and the
+    rename leaves a file no row names, which a prune removes. Returns whether the key was live.
     """
+    temp_name, kind, key, row, now, max_entries = item
     with Dirs(index.root, held) as dirs:
         synced = Aside(fsync, fd, pool="file-sync", limit=HOP_THREADS)  # one per put thread
         try:

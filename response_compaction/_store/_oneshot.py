@@ -37,7 +37,7 @@ from .._canonical import decode_exact
 from .._errors import UnsafeStoreError, map_errors
 from . import _indexes
 from ._aside import Aside
-from ._commit import publish, publish_recorded, renew
+from ._commit import Publication, publish, publish_recorded, renew
 from ._index import CorruptRowError, Index, Row
 from ._paths import (
     FILE_FLAGS,
@@ -230,8 +230,8 @@ def _write_new(
             if kind == "exact" and key == digest[0] and len(data) <= CHECK_HERE_BYTES:
                 value = _checked(fd, data, digest, schema)  # ValueError: not valid
                 with map_errors(f"could not publish the {kind} value in the store index"):
-                    reused = publish_recorded(index, fd, temp_name, kind, key, row, now,
-                                              max_entries, dirs)  # fmt: skip
+                    item = Publication(temp_name, kind, key, row, now, max_entries)
+                    reused = publish_recorded(index, fd, item, dirs)
                 published = True
                 return Put(reused=reused, value=value)
             # The index's write lock is taken only after the fsync: held through it, every
