@@ -425,9 +425,9 @@ async def test_the_index_is_free_for_other_writers_while_the_file_is_fsynced(
 
 
 class _DuringFileFsync:
-    """``os.fsync`` and ``os.unlink`` twins: ``during(index_path)`` runs inside the temp file's
-    fsync, once the put's transaction has evicted ``evicted`` (so is under way), holding the
-    index's write lock from another connection (so after that transaction's COMMIT)."""
+    """``os.fsync`` and ``os.unlink`` twins: ``during(conn)`` runs inside the temp file's
+    fsync, once the put's transaction has evicted ``evicted`` (so is under way), on another
+    connection holding the index's write lock (so after that transaction's COMMIT)."""
 
     def __init__(self, evicted: str, during: Callable[[sqlite3.Connection], object]) -> None:
         self.evicting = threading.Event()
