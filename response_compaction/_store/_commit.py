@@ -143,7 +143,7 @@ def publish_recorded(index: Index, fd: int, item: Publication, held: Tree) -> bo
             fan_fd = dirs.fanout(kind, key)  # made now if missing; a planted link refused first
             # The row is visible from its COMMIT until the directory's fsync (``_naming``).
             with _naming_entries():
-                reused = _record(index, kind, key, row, now, max_entries, held)
+                reused = _record(index, dirs, kind, key, row, now, max_entries)
                 _name_after_record(synced, dirs, temp_name, kind, key, fan_fd)
         finally:
             synced.join()  # before the caller closes the fd it syncs
@@ -170,7 +170,7 @@ def _name_after_record(
 
 
 def _record(
-    index: Index, kind: Kind, key: str, row: Row, now: float, max_entries: int, held: Tree
+    index: Index, dirs: Dirs, kind: Kind, key: str, row: Row, now: float, max_entries: int
 ) -> bool:
     """Commit ``key``'s row and evict for it (files unlinked under the lock); whether live.
 
@@ -180,11 +180,11 @@ def _record(
     """
     stated = False
     try:
-        with Dirs(index.root, held) as dirs, index.transaction() as tx:
+        with index.transaction() as tx:
             tx.saw(now)
             reused = tx.is_live(kind, key, now)
             tx.upsert(kind, key, row, now)
-            _evict(tx, dirs, kind, key, now, max_entries)
+            _evict(tx, dirs, kind, key, now, max_entries)  # the caller's fds: one Dirs a put
             stated = True
     except BaseException:
         if stated:
