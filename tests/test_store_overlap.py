@@ -503,3 +503,66 @@ async def test_a_row_evicted_before_its_rename_leaves_a_file_that_a_prune_remove
     store = await open_store(harness.fs)
     assert await store.prune() == 1
     assert entry_files(root) == set()
+
+
+def _on_check(number: int, act: Callable[[], object]) -> FaultyBackend:
+    """A backend that runs ``act()`` just before ``verify``'s ``number``-th entry check."""
+    checks = 0
+
+    async def before_run(fn: Callable[..., Any]) -> None:
+        nonlocal checks
+        if getattr(fn, "__name__", "") == "check_entry":
+            checks += 1
+            if checks == number:
+                act()
+
+    return FaultyBackend(before_run=before_run)
+
+
+async def test_verify_finds_a_file_renamed_into_place_after_the_walk_checked_it(
+    harness: rc.Harness,
+) -> None:
+    """A row whose file is not there yet (a small put between its COMMIT and its rename)
+    is looked at again after the walk: the file renamed in meanwhile reads found, not
+    missing. (Before, the one walk reported it missing.)"""
+    await compact(harness, A)
+    await compact(harness, B)
+    path = entry_path(store_root(harness.fs), hex_of(A))
+    away = path.with_name("in-flight.tmp")
+    path.rename(away)
+    landed = with_backend(harness, _on_check(3, lambda: away.rename(path)))  # A's second look
+    store = await open_store(landed.fs)
+    reports = {report.key: report.state for report in await store.verify()}
+    assert reports == {hex_of(A): "found", hex_of(B): "found"}
+
+
+async def test_verify_still_reports_a_file_that_never_lands_as_missing(
+    harness: rc.Harness,
+) -> None:
+    """The second look changes nothing for a row whose file is gone for good: missing."""
+    await compact(harness, A)
+    entry_path(store_root(harness.fs), hex_of(A)).unlink()
+    looked: list[int] = []
+    store = await open_store(with_backend(harness, _on_check(2, lambda: looked.append(2))).fs)
+    assert [report.state for report in await store.verify()] == ["missing"]
+    assert looked == [2]  # it did look again
+
+
+async def test_verify_leaves_out_an_entry_evicted_after_the_walk_read_the_rows(
+    harness: rc.Harness,
+) -> None:
+    """Another writer deletes a row and its file once the walk has read the rows: the entry
+    no longer exists, so it is not reported (before, it was reported missing)."""
+    await compact(harness, A)
+    await compact(harness, B)
+    root = store_root(harness.fs)
+
+    def evict_a() -> None:
+        entry_path(root, hex_of(A)).unlink()
+        with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as conn, conn:
+            conn.execute("DELETE FROM entries WHERE kind = 'exact' AND key = ?", (hex_of(A),))
+
+    store = await open_store(with_backend(harness, _on_check(1, evict_a)).fs)
+    assert [(report.key, report.state) for report in await store.verify()] == [
+        (hex_of(B), "found")
+    ]

@@ -64,7 +64,7 @@ from ._paths import KINDS, PROCESS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare
 from ._reads import NOT_INLINE, check_read, found_landing, read_checked, read_inline, record_read
 from ._stepwise import Stored
 from ._turns import STEPS_SECONDS, cpu_turn, pace, soon, storing
-from ._verify import GC_PAUSE_BYTES, EntryReport, check_entry, decoded_beside, decoded_value
+from ._verify import GC_PAUSE_BYTES, EntryReport, decoded_beside, decoded_value
 
 __all__ = [
     "KINDS",
@@ -336,18 +336,6 @@ class Store(Medium):
         """Delete one entry (row and file), e.g. one that ``verify`` found broken."""
         async with self._using_index() as index:
             await self._patiently(remove_entry, index, kind, key)
-
-    async def verify(self) -> list[EntryReport]:
-        """Re-check every recorded entry's bytes against its digest (not its schema)."""
-        now = self.clock()
-        async with self._using_index() as index:
-            entries = await self._patiently(index.entries)
-        return [
-            await self._backend.run(
-                check_entry, self.root, entry, entry.expires_at <= now, self._key
-            )
-            for entry in entries
-        ]
 
     async def counts(self) -> dict[str, int]:
         """Live entries per kind."""
