@@ -563,6 +563,4 @@ async def test_verify_leaves_out_an_entry_evicted_after_the_walk_read_the_rows(
             conn.execute("DELETE FROM entries WHERE kind = 'exact' AND key = ?", (hex_of(A),))
 
     store = await open_store(with_backend(harness, _on_check(1, evict_a)).fs)
-    assert [(report.key, report.state) for report in await store.verify()] == [
-        (hex_of(B), "found")
-    ]
+    assert [(report.key, report.state) for report in await store.verify()] == [(hex_of(B), "found")]
