@@ -481,12 +481,13 @@ async def test_the_row_is_committed_while_the_file_is_fsynced(
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
 
 
-async def test_a_row_evicted_before_its_rename_leaves_a_file_that_a_prune_removes(
+async def test_a_row_evicted_before_its_rename_leaves_no_file(
     harness: rc.Harness, workspace: rc.LocalWorkspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another writer evicts the row between its COMMIT and the rename: the put's receipt
     reads Missing (evicted, as it could be just after the call), never a wrong value, and the
-    file then renamed into place, which no row names, is removed by a prune."""
+    file then renamed into place, which no row names, is unlinked by the put itself. (Before,
+    it stayed until a prune.)"""
     await compact(harness, B)
     root = store_root(workspace)
 
@@ -499,10 +500,9 @@ async def test_a_row_evicted_before_its_rename_leaves_a_file_that_a_prune_remove
     assert twin.seen == [None]
     assert out.receipt.exact_ref == ref_of(A)
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
-    assert entry_files(root) == {hex_of(A)}
-    store = await open_store(harness.fs)
-    assert await store.prune() == 1
     assert entry_files(root) == set()
+    store = await open_store(harness.fs)
+    assert await store.prune() == 0
 
 
 def _on_check(number: int, act: Callable[[], object]) -> FaultyBackend:
@@ -564,3 +564,26 @@ async def test_verify_leaves_out_an_entry_evicted_after_the_walk_read_the_rows(
 
     store = await open_store(with_backend(harness, _on_check(1, evict_a)).fs)
     assert [(report.key, report.state) for report in await store.verify()] == [(hex_of(B), "found")]
+
+
+async def test_a_row_stored_again_before_the_rename_keeps_its_file(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evicted between the COMMIT and the rename, then stored again by another writer (its
+    row committed, its own rename to come): the file renamed into place holds the same bytes,
+    so the put leaves it, and the value reads Found."""
+    await compact(harness, B)
+    root = store_root(workspace)
+
+    def evict_and_store_again(conn: sqlite3.Connection) -> None:
+        where = "FROM entries WHERE kind = 'exact' AND key = ?"
+        row = conn.execute(f"SELECT * {where}", (hex_of(A),)).fetchone()
+        conn.execute(f"DELETE {where}", (hex_of(A),))
+        conn.execute(f"INSERT INTO entries VALUES ({', '.join('?' * len(row))})", row)  # noqa: S608
+
+    twin = _DuringFileFsync(hex_of(B), evict_and_store_again)
+    with twin.installed(monkeypatch, root / "index.sqlite3"):
+        await compact(harness, A, max_entries=1)
+    assert twin.seen == [None]
+    assert entry_files(root) == {hex_of(A)}
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)

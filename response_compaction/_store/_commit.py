@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -32,6 +33,9 @@ __all__ = [
 
 #: Expired rows deleted per commit, so one write never pays for a long-idle store's backlog.
 EXPIRED_PER_COMMIT = 64
+#: Puts that could commit between a small put's COMMIT and its rename, at most: a store this
+#: many rows short of its bound cannot evict the fresh row meanwhile (``_unlink_if_evicted``).
+EVICTION_HEADROOM = 1024
 
 # This process's publishes and renewals between the moment their row was visible and the end
 # of their directory's fsync (see renew); True once one of them failed after its row may have
@@ -143,8 +147,10 @@ def publish_recorded(index: Index, fd: int, item: Publication, held: Tree) -> bo
             fan_fd = dirs.fanout(kind, key)  # made now if missing; a planted link refused first
             # The row is visible from its COMMIT until the directory's fsync (``_naming``).
             with _naming_entries():
-                reused = _record(index, dirs, kind, key, row, now, max_entries)
+                reused, room = _record(index, dirs, kind, key, row, now, max_entries)
                 _name_after_record(synced, dirs, temp_name, kind, key, fan_fd)
+            if room < EVICTION_HEADROOM:  # others' puts could evict this row before its rename
+                _unlink_if_evicted(index, dirs, kind, key)
         finally:
             synced.join()  # before the caller closes the fd it syncs
     return reused
@@ -169,14 +175,39 @@ def _name_after_record(
         raise
 
 
+def _unlink_if_evicted(index: Index, dirs: Dirs, kind: Kind, key: str) -> None:
+    """Unlink the file just renamed into place if its row was evicted before the rename.
+
+    Another writer that evicted the row between its COMMIT and the rename found no file to
+    unlink: this one would be left with no row naming it until a prune, a file outside every
+    bound (4 processes storing 180 values at 8 entries left one). Only looked at when the
+    store was within ``EVICTION_HEADROOM`` rows of its bound at the COMMIT (a fresh row is
+    the most recently used: only that many puts committing meanwhile could make it the least
+    recently used, and a fresh row is not expired). A row read first (cheap:
+    the writer's own connection), the lock taken only if it is gone: under it, a put of the
+    same value has either committed its row (the file stays: its bytes are the same) or
+    renames its own file after this. Best effort: the value is stored either way (and reads
+    Missing if evicted), so a busy or failing index leaves the file for a prune.
+    """
+    try:
+        if index.has_row(kind, key):
+            return
+        with index.transaction(durable=False) as tx:  # nothing written: nothing to sync
+            if not tx.has_row(kind, key):
+                dirs.unlink(kind, key)
+    except (IndexBusy, OSError, sqlite3.Error):
+        pass
+
+
 def _record(
     index: Index, dirs: Dirs, kind: Kind, key: str, row: Row, now: float, max_entries: int
-) -> bool:
-    """Commit ``key``'s row and evict for it (files unlinked under the lock); whether live.
+) -> tuple[bool, int]:
+    """Commit ``key``'s row and evict for it (files unlinked under the lock).
 
-    A failure once the statements have run (at or around the COMMIT, whose fsync may fail
-    after the frames reached the log) is remembered as a failed naming (see
-    :func:`_name_after_record`); one before them rolled everything back.
+    Returns whether the key was live, and how many rows short of ``max_entries`` its kind
+    was (0 if over, or not known). A failure once the statements have run (at or around the
+    COMMIT, whose fsync may fail after the frames reached the log) is remembered as a failed
+    naming (see :func:`_name_after_record`); one before them rolled everything back.
     """
     stated = False
     try:
@@ -185,12 +216,13 @@ def _record(
             reused = tx.is_live(kind, key, now)
             tx.upsert(kind, key, row, now)
             _evict(tx, dirs, kind, key, now, max_entries)  # the caller's fds: one Dirs a put
+            room = max(0, max_entries - tx.counted.get(kind, max_entries))
             stated = True
     except BaseException:
         if stated:
             _naming_failed[0] = True
         raise
-    return reused
+    return reused, room
 
 
 class Publication(NamedTuple):

@@ -40,6 +40,7 @@ from ._sqlite import (
     schema_version,
 )
 from ._tx import (
+    HAS_ROW,
     HEX,
     LOOKUP,
     CorruptRowError,
@@ -363,6 +364,10 @@ class Index:
         if when <= now and now > self._witness.now:
             self._witness.saw_expired(now)
         return Row(digest, size, when, hint, max(number(attested) or now, self._witness.now))
+
+    def has_row(self, kind: Kind, key: str) -> bool:
+        """Whether ``key`` is recorded, expired or not (the writer's connection if free)."""
+        return bool(self._read(HAS_ROW, (kind, key), writer=not self.read_only))
 
     def entries(self) -> list[Entry]:
         """Every recorded entry."""

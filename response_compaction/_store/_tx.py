@@ -10,7 +10,17 @@ from typing import NamedTuple
 from ._clocks import ATTESTED_SQL, DELETABLE_SQL, attested_sql, record_clock, writer_id
 from ._paths import KINDS, Kind, valid_name
 
-__all__ = ["HEX", "LOOKUP", "CorruptRowError", "Entry", "Row", "Transaction", "entry_of", "number"]
+__all__ = [
+    "HAS_ROW",
+    "HEX",
+    "LOOKUP",
+    "CorruptRowError",
+    "Entry",
+    "Row",
+    "Transaction",
+    "entry_of",
+    "number",
+]
 
 HEX = re.compile(r"[0-9a-f]{64}")
 # Constant fragments from _clocks; every value is a bound parameter.
@@ -94,6 +104,10 @@ def entry_of(kind: object, key: object, digest: object, size: object, expires: o
     return Entry(kind, key, digest, size, when)  # type: ignore[arg-type]
 
 
+#: Whether a key is recorded (expired or not), bound as (kind, key).
+HAS_ROW = "SELECT 1 FROM entries WHERE kind = ? AND key = ?"
+
+
 class Transaction:
     """The write statements, valid only inside :meth:`Index.transaction`."""
 
@@ -102,6 +116,8 @@ class Transaction:
         self.me = writer_id()
         self._uses: float | None = None
         self._attested: tuple[float, float] | None = None  # (now, attested at now)
+        #: The rows of each kind as :meth:`victims` last counted them (before evicting).
+        self.counted: dict[str, int] = {}
 
     def next_use(self) -> float:
         """The next number of the use counter that orders capacity eviction (not a clock).
@@ -178,6 +194,10 @@ class Transaction:
             (kind, key, row.digest, row.size, expires_at, self.next_use(), row.layout, self.me),
         )
 
+    def has_row(self, kind: Kind, key: str) -> bool:
+        """Whether ``key`` is recorded (expired or not)."""
+        return self._conn.execute(HAS_ROW, (kind, key)).fetchone() is not None
+
     def writer_of(self, kind: Kind, key: str) -> object:
         """The writer that last stored or renewed ``key`` (as recorded: maybe not a str)."""
         found = self._conn.execute(
@@ -234,6 +254,8 @@ class Transaction:
             return found
         for kind in kinds:
             counted = self._conn.execute("SELECT n FROM counts WHERE kind = ?", (kind,)).fetchone()
+            if counted is not None and isinstance(counted[0], int):
+                self.counted[kind] = counted[0]
             # The counter includes expired rows not yet deleted, so it only says when to look.
             if counted is None or (isinstance(counted[0], int) and counted[0] <= max_entries):
                 continue
