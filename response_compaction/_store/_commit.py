@@ -138,7 +138,8 @@ def publish_recorded(index: Index, fd: int, item: Publication, held: Tree) -> bo
     its name is harmless (see :func:`publish`): it reads Missing until the rename, and for
     good if the fsync or the rename fails (no receipt is handed then; the next put of the
     value writes it again, as a key that was live). A row evicted between the COMMIT and the
-    rename leaves a file no row names, which a prune removes. Returns whether the key was live.
+    rename would leave a file no row names: the put unlinks it (:func:`_unlink_if_evicted`;
+    best effort, a prune removes what is left). Returns whether the key was live.
     """
     temp_name, kind, key, row, now, max_entries = item
     with Dirs(index.root, held) as dirs:
