@@ -29,7 +29,7 @@ from . import _indexes
 from ._commit import Publication
 from ._fileio import AsyncBinaryFile, FileBackend, write_all
 from ._group import publish_grouped
-from ._index import CorruptRowError, Index, IndexBusy, Row
+from ._index import CorruptRowError, Entry, Index, IndexBusy, Row
 from ._paths import (
     Kind,
     NotRegularFileError,
@@ -41,7 +41,6 @@ from ._paths import (
 )
 from ._reading import Data, read_hashed
 from ._turns import cpu_turn
-from ._tx import Entry
 from ._verify import (
     EntryReport,
     check_entry,
@@ -137,8 +136,9 @@ class Stepwise:
         a small put commits its row just before it renames its file into place
         (``_commit.publish_recorded``), and another writer may evict an entry once the walk
         has read the rows. Still recorded and still without its file, it is missing; no
-        longer recorded, it is left out. (A put slower than the whole walk still reads as
-        missing: nothing here waits for it.)
+        longer recorded, it is left out. (A put whose file lands only after that second look
+        still reads as missing: nothing here waits for it, and rows are walked in key order,
+        so one near the end of the walk gets little more than a read of the rows.)
         """
         now = self.clock()
         reports = await self._entry_reports(now, lambda entry: True)
@@ -156,7 +156,7 @@ class Stepwise:
             name = (report.kind, report.key)
             if name not in missing:
                 kept.append(report)
-            elif name in again:  # looked at again: whatever it is now
+            elif name in again:  # as it is now, whatever that is; gone from the rows: left out
                 kept.append(again[name])
         return kept
 
