@@ -569,9 +569,10 @@ async def test_verify_leaves_out_an_entry_evicted_after_the_walk_read_the_rows(
 async def test_a_row_stored_again_before_the_rename_keeps_its_file(
     harness: rc.Harness, workspace: rc.LocalWorkspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Evicted between the COMMIT and the rename, then stored again by another writer (its
-    row committed, its own rename to come): the file renamed into place holds the same bytes,
-    so the put leaves it, and the value reads Found."""
+    """Evicted between the COMMIT and the rename, then recorded again (as a put of the same
+    value by another writer would, its own rename to come; here the same row, put back): the
+    file renamed into place holds the same bytes, so the put leaves it, and the value reads
+    Found. Only the first look (the row read without the lock) runs here."""
     await compact(harness, B)
     root = store_root(workspace)
 
@@ -586,4 +587,33 @@ async def test_a_row_stored_again_before_the_rename_keeps_its_file(
         await compact(harness, A, max_entries=1)
     assert twin.seen == [None]
     assert entry_files(root) == {hex_of(A)}
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_a_renewal_finding_no_file_at_the_name_writes_the_value_again(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer's live row is renewed after its bytes were checked, but its file is
+    gone by then (evicted and unlinked, the row now there a put's whose rename is to come):
+    the renewal vouches for nothing and the value is written again, so it reads Found.
+    (Before, the renewal's receipt read Missing.)"""
+    await compact(harness, A)
+    root = store_root(workspace)
+    with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as conn, conn:
+        conn.execute("UPDATE entries SET writer = 'another writer'")  # its name not ours to trust
+    path = entry_path(root, hex_of(A))
+    real_fsync = os.fsync
+    unlinked: list[Path] = []
+
+    def fsync(fd: Any) -> None:
+        fd = fd if isinstance(fd, int) else fd.fileno()
+        if _is_dir(fd) and not unlinked:  # the renewal's fsync of the name's directory
+            path.unlink()
+            unlinked.append(path)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = await compact(harness, A)
+    assert unlinked == [path]
+    assert out.receipt.exact_cache == "reused"  # its row was live
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)

@@ -319,8 +319,9 @@ class Store(Medium):
     async def prune(self, max_entries: int | None = None) -> int:
         """Remove expired entries, and those beyond ``max_entries`` per kind.
 
-        Also removes files no row names (left by a writer that died mid-commit) and temporary
-        files over an hour old. Returns how many files went.
+        Also removes files no row names (left by a writer that died mid-commit, or by a small
+        put whose row was evicted before its rename and which did not unlink it) and
+        temporary files over an hour old. Returns how many files went.
         """
         now = self.clock()
         async with self._using_index() as index:

@@ -33,8 +33,8 @@ __all__ = [
 
 #: Expired rows deleted per commit, so one write never pays for a long-idle store's backlog.
 EXPIRED_PER_COMMIT = 64
-#: Puts that could commit between a small put's COMMIT and its rename, at most: a store this
-#: many rows short of its bound cannot evict the fresh row meanwhile (``_unlink_if_evicted``).
+#: Rows short of its own bound past which a small put does not look for its row after the
+#: rename (``_unlink_if_evicted``): a heuristic, at the default bound (256) it always looks.
 EVICTION_HEADROOM = 1024
 
 # This process's publishes and renewals between the moment their row was visible and the end
@@ -181,12 +181,13 @@ def _unlink_if_evicted(index: Index, dirs: Dirs, kind: Kind, key: str) -> None:
 
     Another writer that evicted the row between its COMMIT and the rename found no file to
     unlink: this one would be left with no row naming it until a prune, a file outside every
-    bound (4 processes storing 180 values at 8 entries left one). Only looked at when the
-    store was within ``EVICTION_HEADROOM`` rows of its bound at the COMMIT (a fresh row is
-    the most recently used: only that many puts committing meanwhile could make it the least
-    recently used, and a fresh row is not expired). A row read first (cheap:
-    the writer's own connection), the lock taken only if it is gone: under it, a put of the
-    same value has either committed its row (the file stays: its bytes are the same) or
+    bound (4 processes storing 180 values at 8 entries left one). Looked at only when the
+    kind was within ``EVICTION_HEADROOM`` rows of this put's bound at the COMMIT: with more
+    room, evicting the row first takes more inserts than that during the rename's wait, a
+    writer with a smaller bound, a prune, or clocks past a TTL of at least a second, and
+    the file is then left for a prune as before. The row is read first (through the
+    writer's connection when it is free), the lock taken only if it is gone: under it, a put
+    of the same value has either committed its row (the file stays: the same bytes) or
     renames its own file after this. Best effort: the value is stored either way (and reads
     Missing if evicted), so a busy or failing index leaves the file for a prune.
     """
@@ -290,6 +291,9 @@ def renew(
 
     False (nothing changed) when the row no longer holds that digest or expired meanwhile:
     another process evicted or replaced it after we read it, and the caller writes afresh.
+    False too when another writer's row is renewed but no file is at its name: the file
+    checked was evicted meanwhile, and the row now there is a put's whose rename is still to
+    come (``publish_recorded``), or never comes if that put fails.
 
     The name is on disk when this returns True: the writer that published it fsyncs its
     directory beside its COMMIT, so a renewal that reads the row meanwhile syncs the
@@ -311,7 +315,10 @@ def renew(
                 return False
             _evict(tx, dirs, kind, key, now, bound)
         if not _names_on_disk(previous):
-            _synced(lambda: fsync(dirs.fanout(kind, key)))
+            fan_fd = dirs.fanout(kind, key)
+            _synced(lambda: fsync(fan_fd))
+            if not dirs.named(kind, key):
+                return False  # the caller's bytes vouch for a file no longer there
     return True
 
 

@@ -290,6 +290,14 @@ class Dirs:
         if sync:
             os.fsync(fan_fd)
 
+    def named(self, kind: Kind, key: str) -> bool:
+        """Whether anything is at ``key``'s name (a link not followed)."""
+        try:
+            os.stat(key, dir_fd=self.fanout(kind, key), follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
     def unlink(self, kind: Kind, key: str) -> None:
         """Remove one entry (whatever sits at its name) if it is there."""
         if not valid_name(kind, key):
