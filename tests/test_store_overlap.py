@@ -595,24 +595,24 @@ async def test_a_renewal_finding_no_file_at_the_name_writes_the_value_again(
 ) -> None:
     """Another writer's live row is renewed after its bytes were checked, but its file is
     gone by then (evicted and unlinked, the row now there a put's whose rename is to come):
-    the renewal vouches for nothing and the value is written again, so it reads Found.
-    (Before, the renewal's receipt read Missing.)"""
+    the renewal, looking at the name under the lock, vouches for nothing and rolls back, and
+    the value is written again, so it reads Found. (Before b342ecb the renewal's receipt read
+    Missing.) The file goes just as the renewal looks at its name."""
     await compact(harness, A)
     root = store_root(workspace)
     with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as conn, conn:
         conn.execute("UPDATE entries SET writer = 'another writer'")  # its name not ours to trust
     path = entry_path(root, hex_of(A))
-    real_fsync = os.fsync
+    real_stat = os.stat
     unlinked: list[Path] = []
 
-    def fsync(fd: Any) -> None:
-        fd = fd if isinstance(fd, int) else fd.fileno()
-        if _is_dir(fd) and not unlinked:  # the renewal's fsync of the name's directory
-            path.unlink()
+    def stat(name: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if name == hex_of(A) and kwargs.get("dir_fd") is not None and not unlinked:
+            path.unlink()  # the renewal's look at the bare name, in its fan-out directory
             unlinked.append(path)
-        real_fsync(fd)
+        return real_stat(name, *args, **kwargs)
 
-    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "stat", stat)
     out = await compact(harness, A)
     assert unlinked == [path]
     assert out.receipt.exact_cache == "reused"  # its row was live

@@ -54,13 +54,14 @@ from .._slices import decode_layout
 from . import _verify
 from ._aside import let_go
 from ._clocks import finite_clock
-from ._commit import prune_all, publish, remove_entry
+from ._commit import publish
 from ._fileio import FileBackend, current_backend
 from ._hit import renew_inline
 from ._key import KEY_NAME, load_key, read_key
 from ._medium import MEDIUM_BYTES, Medium
 from ._oneshot import SMALL_BYTES, put_small
 from ._paths import KINDS, PROCESS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
+from ._prune import prune_all, remove_entry
 from ._reads import NOT_INLINE, check_read, found_landing, read_checked, read_inline, record_read
 from ._stepwise import Stored
 from ._turns import STEPS_SECONDS, cpu_turn, pace, soon, storing

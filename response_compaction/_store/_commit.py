@@ -17,16 +17,14 @@ from ._aside import Aside, fsync
 from ._clocks import writer_id
 from ._hop import HOP_THREADS
 from ._index import Index, IndexBusy, Row, Transaction
-from ._paths import KINDS, Kind
+from ._paths import Kind
 from ._tree import Dirs, Tree
 
 __all__ = [
     "Publication",
-    "prune_all",
     "publish",
     "publish_all",
     "publish_recorded",
-    "remove_entry",
     "renew",
     "renew_on_loop",
 ]
@@ -291,9 +289,11 @@ def renew(
 
     False (nothing changed) when the row no longer holds that digest or expired meanwhile:
     another process evicted or replaced it after we read it, and the caller writes afresh.
-    False too when another writer's row is renewed but no file is at its name: the file
+    False too when another writer's row has no file at its name under the lock: the file
     checked was evicted meanwhile, and the row now there is a put's whose rename is still to
-    come (``publish_recorded``), or never comes if that put fails.
+    come (``publish_recorded``), or never comes if that put fails. (Files are unlinked only
+    under the lock, and renamed outside it only with the same bytes: a name seen there is
+    still there for the directory's fsync after the COMMIT.)
 
     The name is on disk when this returns True: the writer that published it fsyncs its
     directory beside its COMMIT, so a renewal that reads the row meanwhile syncs the
@@ -308,18 +308,26 @@ def renew(
     crash between unlink and commit before). The next durable commit makes it durable.
     """
     with _naming_entries(), Dirs(index.root, held) as dirs:
-        with index.transaction(durable=False) as tx:
-            tx.saw(now)
-            previous = tx.writer_of(kind, key)
-            if not tx.renew(kind, key, row, now):
-                return False
-            _evict(tx, dirs, kind, key, now, bound)
-        if not _names_on_disk(previous):
-            fan_fd = dirs.fanout(kind, key)
-            _synced(lambda: fsync(fan_fd))
-            if not dirs.named(kind, key):
-                return False  # the caller's bytes vouch for a file no longer there
+        try:
+            with index.transaction(durable=False) as tx:
+                on_disk = _renewed(tx, dirs, kind, key, row, now, bound)
+        except _Declined:  # rolled back
+            return False
+        if not on_disk:
+            _synced(lambda: fsync(dirs.fanout(kind, key)))
     return True
+
+
+def _renewed(
+    tx: Transaction, dirs: Dirs, kind: Kind, key: str, row: Row, now: float, bound: int
+) -> bool:
+    """:func:`renew`'s statements: whether the name is known to be on disk (``_Declined``)."""
+    tx.saw(now)
+    on_disk = _names_on_disk(tx.writer_of(kind, key))
+    if not tx.renew(kind, key, row, now) or not (on_disk or dirs.named(kind, key)):
+        raise _Declined
+    _evict(tx, dirs, kind, key, now, bound)
+    return on_disk
 
 
 class _Declined(Exception):  # noqa: N818 - rolls a renewal on the loop back, not an error
@@ -368,32 +376,3 @@ def _victims(
     for victim_kind, victim_key in victims:
         tx.delete(victim_kind, victim_key)
     return victims
-
-
-def prune_all(index: Index, now: float, max_entries: int | None) -> int:
-    """Evict expired and surplus entries, and files no row names; how many files went."""
-    with index.transaction() as tx, Dirs(index.root) as dirs:
-        tx.saw(now)
-        victims = tx.victims(KINDS, now, max_entries)
-        for kind, key in victims:
-            tx.delete(kind, key)
-            dirs.unlink(kind, key)
-        removed = len(victims)
-        # A writer renames its file into place and records the row inside one write
-        # transaction, or (``publish_recorded``) commits the row before it renames; we hold
-        # the lock, so a file without a row was left by a writer that died between the two,
-        # or renamed after its row was evicted. Nobody will ever read it.
-        for kind in KINDS:
-            recorded = tx.keys(kind)
-            for name in list(dirs.entry_files(kind)):
-                if name not in recorded:
-                    dirs.unlink(kind, name)
-                    removed += 1
-    return removed
-
-
-def remove_entry(index: Index, kind: Kind, key: str) -> None:
-    """Delete one entry, row and file."""
-    with index.transaction() as tx, Dirs(index.root) as dirs:
-        tx.delete(kind, key)
-        dirs.unlink(kind, key)
