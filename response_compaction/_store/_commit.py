@@ -330,7 +330,7 @@ def _renewed(
     return on_disk
 
 
-class _Declined(Exception):  # noqa: N818 - rolls a renewal on the loop back, not an error
+class _Declined(Exception):  # noqa: N818 - rolls a renewal back, not an error
     pass
 
 
