@@ -596,8 +596,9 @@ async def test_a_renewal_finding_no_file_at_the_name_writes_the_value_again(
     """Another writer's live row is renewed after its bytes were checked, but its file is
     gone by then (evicted and unlinked, the row now there a put's whose rename is to come):
     the renewal, looking at the name under the lock, vouches for nothing and rolls back, and
-    the value is written again, so it reads Found. (Before b342ecb the renewal's receipt read
-    Missing.) The file goes just as the renewal looks at its name."""
+    the value is written again, so it reads Found. The file goes just as the renewal looks
+    at its name; with the look's answer ignored the renewal's receipt reads Missing here, as
+    it did before the look was added (b342ecb, 5d7ca91)."""
     await compact(harness, A)
     root = store_root(workspace)
     with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as conn, conn:
