@@ -618,3 +618,52 @@ async def test_a_renewal_finding_no_file_at_the_name_writes_the_value_again(
     assert unlinked == [path]
     assert out.receipt.exact_cache == "reused"  # its row was live
     assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(value=A)
+
+
+async def test_a_file_a_busy_index_left_is_unlinked_between_tries(
+    harness: rc.Harness, workspace: rc.LocalWorkspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row evicted before its rename, and another process holding the index's write lock
+    when the put looks again: the put's thread gives up after the lock's wait, and the call
+    unlinks the file between tries once the lock is free (the other process lets go as the
+    retry checks the store's root). No file outlives its row."""
+    await compact(harness, B)
+    root = store_root(workspace)
+    root_path = (await open_store(harness.fs)).root
+    fanout = entry_path(root, hex_of(A)).parent
+
+    def evict_a(conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM entries WHERE kind = 'exact' AND key = ?", (hex_of(A),))
+
+    holder: list[sqlite3.Connection] = []
+    released: list[str] = []
+    twin = _DuringFileFsync(hex_of(B), evict_a)
+    with twin.installed(monkeypatch, root / "index.sqlite3"), monkeypatch.context() as patch:
+        twin_fsync, real_lstat = os.fsync, os.lstat
+
+        def fsync(fd: Any) -> None:
+            twin_fsync(fd)
+            fd = fd if isinstance(fd, int) else fd.fileno()
+            renamed = twin.seen and _is_dir(fd) and os.fstat(fd).st_ino == fanout.stat().st_ino
+            if renamed and not holder:  # A's directory, after its rename: hold the lock
+                other = sqlite3.connect(
+                    root / "index.sqlite3", isolation_level=None, check_same_thread=False
+                )
+                other.execute("BEGIN IMMEDIATE")
+                holder.append(other)
+
+        def lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            if holder and not released and os.fspath(path) == root_path:
+                holder[0].execute("COMMIT")  # the retry's check of the root: let go
+                holder[0].close()
+                released.append(root_path)
+            return real_lstat(path, *args, **kwargs)
+
+        patch.setattr(os, "fsync", fsync)
+        patch.setattr(os, "lstat", lstat)
+        out = await compact(harness, A, max_entries=1)
+    assert twin.seen == [None]
+    assert released == [root_path]
+    assert out.receipt.exact_ref == ref_of(A)
+    assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Missing()
+    assert entry_files(root) == set()

@@ -59,7 +59,7 @@ from ._fileio import FileBackend, current_backend
 from ._hit import renew_inline
 from ._key import KEY_NAME, load_key, read_key
 from ._medium import MEDIUM_BYTES, Medium
-from ._oneshot import SMALL_BYTES, put_small
+from ._oneshot import SMALL_BYTES, put_small, unlink_unrecorded_at
 from ._paths import KINDS, PROCESS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
 from ._prune import prune_all, remove_entry
 from ._reads import NOT_INLINE, check_read, found_landing, read_checked, read_inline, record_read
@@ -267,6 +267,9 @@ class Store(Medium):
                 )  # fmt: skip
             else:
                 await pace()  # also the cancellation point, as after a read served inline
+        if done.unrecorded:  # stored, then evicted: its file must not outlive the row
+            with contextlib.suppress(OSError, sqlite3.Error):  # failing: a prune's to remove
+                await self._patiently(unlink_unrecorded_at, self.root, kind, key)
         value = done.value if row.size <= want_value_up_to else None
         if row.size > want_value_up_to and row.size >= GC_PAUSE_BYTES:  # nobody wants it:
             soon(let_go, [done.value])  # freed after the call (see _medium), not in it

@@ -27,6 +27,7 @@ __all__ = [
     "publish_recorded",
     "renew",
     "renew_on_loop",
+    "unlink_unrecorded",
 ]
 
 #: Expired rows deleted per commit, so one write never pays for a long-idle store's backlog.
@@ -124,7 +125,7 @@ def publish(
     return reused
 
 
-def publish_recorded(index: Index, fd: int, item: Publication, held: Tree) -> bool:
+def publish_recorded(index: Index, fd: int, item: Publication, held: Tree) -> tuple[bool, bool]:
     """:func:`publish` of a content-addressed entry, its row committed beside the file's fsync.
 
     The temp file ``fd`` (``item``'s, its bytes checked) is fsynced in a helper while this
@@ -136,8 +137,9 @@ def publish_recorded(index: Index, fd: int, item: Publication, held: Tree) -> bo
     its name is harmless (see :func:`publish`): it reads Missing until the rename, and for
     good if the fsync or the rename fails (no receipt is handed then; the next put of the
     value writes it again, as a key that was live). A row evicted between the COMMIT and the
-    rename would leave a file no row names: the put unlinks it (:func:`_unlink_if_evicted`;
-    best effort, a prune removes what is left). Returns whether the key was live.
+    rename would leave a file no row names: the put unlinks it (:func:`_unlink_if_evicted`).
+    Returns whether the key was live, and whether such a file is still to be unlinked (the
+    index was busy: the caller retries :func:`unlink_unrecorded` between tries).
     """
     temp_name, kind, key, row, now, max_entries = item
     with Dirs(index.root, held) as dirs:
@@ -148,11 +150,11 @@ def publish_recorded(index: Index, fd: int, item: Publication, held: Tree) -> bo
             with _naming_entries():
                 reused, room = _record(index, dirs, kind, key, row, now, max_entries)
                 _name_after_record(synced, dirs, temp_name, kind, key, fan_fd)
-            if room < EVICTION_HEADROOM:  # others' puts could evict this row before its rename
-                _unlink_if_evicted(index, dirs, kind, key)
+            # Others' puts could evict this row before its rename:
+            left = room < EVICTION_HEADROOM and not _unlink_if_evicted(index, dirs, kind, key)
         finally:
             synced.join()  # before the caller closes the fd it syncs
-    return reused
+    return reused, left
 
 
 def _name_after_record(
@@ -174,7 +176,7 @@ def _name_after_record(
         raise
 
 
-def _unlink_if_evicted(index: Index, dirs: Dirs, kind: Kind, key: str) -> None:
+def _unlink_if_evicted(index: Index, dirs: Dirs, kind: Kind, key: str) -> bool:
     """Unlink the file just renamed into place if its row was evicted before the rename.
 
     Another writer that evicted the row between its COMMIT and the rename found no file to
@@ -184,19 +186,29 @@ def _unlink_if_evicted(index: Index, dirs: Dirs, kind: Kind, key: str) -> None:
     room, evicting the row first takes more inserts than that during the rename's wait, a
     writer with a smaller bound, a prune, or clocks past a TTL of at least a second, and
     the file is then left for a prune as before. The row is read first (through the
-    writer's connection when it is free), the lock taken only if it is gone: under it, a put
-    of the same value has either committed its row (the file stays: the same bytes) or
-    renames its own file after this. Best effort: the value is stored either way (and reads
-    Missing if evicted), so a busy or failing index leaves the file for a prune.
+    writer's connection when it is free), the lock taken only if it is gone
+    (:func:`unlink_unrecorded`). False when the index was busy (to be tried again); a failing
+    one leaves the file for a prune: the value is stored either way (and reads Missing).
     """
     try:
-        if index.has_row(kind, key):
-            return
-        with index.transaction(durable=False) as tx:  # nothing written: nothing to sync
-            if not tx.has_row(kind, key):
-                dirs.unlink(kind, key)
-    except (IndexBusy, OSError, sqlite3.Error):
+        if not index.has_row(kind, key):
+            unlink_unrecorded(index, dirs, kind, key)
+    except IndexBusy:
+        return False
+    except (OSError, sqlite3.Error):
         pass
+    return True
+
+
+def unlink_unrecorded(index: Index, dirs: Dirs, kind: Kind, key: str) -> None:
+    """Unlink ``key``'s file if no row names it, under the write lock (:class:`IndexBusy`).
+
+    Under it, a put of the same value has either committed its row (the file stays: the same
+    bytes) or renames its own file after this.
+    """
+    with index.transaction(durable=False) as tx:  # nothing written: nothing to sync
+        if not tx.has_row(kind, key):
+            dirs.unlink(kind, key)
 
 
 def _record(

@@ -37,7 +37,7 @@ from .._canonical import decode_exact
 from .._errors import UnsafeStoreError, map_errors
 from . import _indexes
 from ._aside import Aside
-from ._commit import Publication, publish, publish_recorded, renew
+from ._commit import Publication, publish, publish_recorded, renew, unlink_unrecorded
 from ._index import CorruptRowError, Index, Row
 from ._paths import (
     FILE_FLAGS,
@@ -47,7 +47,7 @@ from ._paths import (
     valid_name,
 )
 from ._reading import Data, read_cached, read_limited, refuse_if_refused
-from ._tree import Tree, tree
+from ._tree import Dirs, Tree, tree
 from ._verify import check_digest
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "renew_intact",
     "renewable",
     "stored_as",
+    "unlink_unrecorded_at",
     "write_fully",
 ]
 
@@ -78,10 +79,15 @@ CHECK_HERE_BYTES = 16 << 10
 
 
 class Put(NamedTuple):
-    """What :func:`put_small` did: whether the key was live before, and the verified value."""
+    """What :func:`put_small` did: whether the key was live before, and the verified value.
+
+    ``unrecorded``: its row was evicted before its file's rename and the index was busy, so
+    that file is still to be unlinked (:func:`unlink_unrecorded_at`, between tries).
+    """
 
     reused: bool
     value: Any
+    unrecorded: bool = False
 
 
 def put_small(
@@ -119,6 +125,17 @@ def put_small(
                 index, dirs, temp_name, kind, key, data, (hex_digest, store_key), row,
                 schema, now, max_entries,
             )  # fmt: skip
+        finally:
+            _indexes.release(index)
+
+
+def unlink_unrecorded_at(root: str, kind: Kind, key: str) -> None:
+    """Blocking: ``_commit.unlink_unrecorded`` in ``root`` (:class:`IndexBusy` to retry)."""
+    with tree(root) as held, Dirs(root, held) as dirs:
+        with map_errors(INDEX_ERRORS):
+            index = _indexes.acquire(root)
+        try:
+            unlink_unrecorded(index, dirs, kind, key)
         finally:
             _indexes.release(index)
 
@@ -231,9 +248,9 @@ def _write_new(
                 value = _checked(fd, data, digest, schema)  # ValueError: not valid
                 with map_errors(f"could not publish the {kind} value in the store index"):
                     item = Publication(temp_name, kind, key, row, now, max_entries)
-                    reused = publish_recorded(index, fd, item, dirs)
+                    reused, left = publish_recorded(index, fd, item, dirs)
                 published = True
-                return Put(reused=reused, value=value)
+                return Put(reused=reused, value=value, unrecorded=left)
             # The index's write lock is taken only after the fsync: held through it, every
             # other writer of the store (this process's and others') waited for this disk,
             # then retried whole puts.
