@@ -1,4 +1,4 @@
-"""Medium entries the page cache holds whole are read on the loop's thread, and checked there.
+"""Entries the page cache holds whole are read on the loop's thread, and checked there.
 
 ``_reading.read_cached`` asks the kernel only for bytes already in memory (``RWF_NOWAIT``);
 anything it cannot vouch it read whole goes to a worker thread as before. Which thread
@@ -56,6 +56,8 @@ def cacheable(tmp_path: Path) -> None:
 
 #: About 600 KB: past the 64 KB read inline anyway, within the 2 MB read from the cache.
 MEDIUM = big_exact(10_000)
+#: A few hundred bytes: read (and renewed when compacted again) on the loop when it can be.
+SMALL = big_exact(3)
 #: Names of the entries being watched, and the threads that opened them, in order.
 _WATCHED: dict[str, list[str]] = {}
 
@@ -71,11 +73,21 @@ _HOOKED: list[bool] = []
 @pytest.fixture
 def opened_by() -> Iterator[list[str]]:
     """The threads that open :data:`MEDIUM`'s entry file while the test runs."""
+    yield from _watching(MEDIUM)
+
+
+@pytest.fixture
+def small_opened_by() -> Iterator[list[str]]:
+    """The threads that open :data:`SMALL`'s entry file while the test runs."""
+    yield from _watching(SMALL)
+
+
+def _watching(value: Exact) -> Iterator[list[str]]:
     if not _HOOKED:  # a hook cannot be removed: added once, when first needed; idle after
         sys.addaudithook(_audit)
         _HOOKED.append(True)
     seen: list[str] = []
-    _WATCHED[hex_of(MEDIUM)] = seen
+    _WATCHED[hex_of(value)] = seen
     try:
         yield seen
     finally:
@@ -233,3 +245,67 @@ async def test_a_file_system_that_refuses_cached_reads_is_not_asked_again(
         assert found == rc.Found(value=MEDIUM)
     assert len(opened_by) == 1
     assert opened_by[0] != threading.current_thread().name
+
+
+async def _stored_small(harness: rc.Harness) -> Path:
+    out = await compact(harness, SMALL)
+    assert out.receipt.exact_cache == "stored"
+    path = entry_path(store_root(harness.fs), hex_of(SMALL))
+    assert path.stat().st_size < 4096
+    return path
+
+
+@pytest.mark.usefixtures("cacheable")
+async def test_a_small_entry_not_in_the_page_cache_is_read_in_a_worker_thread(
+    harness: rc.Harness, small_opened_by: list[str]
+) -> None:
+    """Read on the loop, a small entry pushed out of the cache was a disk read there."""
+    path = await _stored_small(harness)
+    _evict(path)
+    small_opened_by.clear()
+    found = await rc.response_compaction_read_exact(harness, ref_of(SMALL), Exact)
+    assert found == rc.Found(value=SMALL)
+    assert small_opened_by[0] == threading.current_thread().name  # tried from the cache
+    assert small_opened_by[1:] != []
+    assert threading.current_thread().name not in small_opened_by[1:]  # then by a worker
+    small_opened_by.clear()  # read back in: the loop's own again
+    assert await rc.response_compaction_read_exact(harness, ref_of(SMALL), Exact) == found
+    assert small_opened_by == [threading.current_thread().name]
+
+
+@pytest.mark.usefixtures("cacheable")
+async def test_a_cache_hit_not_in_the_page_cache_is_renewed_in_a_worker_thread(
+    harness: rc.Harness, small_opened_by: list[str]
+) -> None:
+    """The renewal on the loop reads the stored bytes too: not from a disk, either."""
+    path = await _stored_small(harness)
+    _evict(path)
+    small_opened_by.clear()
+    again = await compact(harness, SMALL)
+    assert again.receipt.exact_cache == "reused"
+    assert small_opened_by[0] == threading.current_thread().name
+    assert small_opened_by[1:] != []
+    assert threading.current_thread().name not in small_opened_by[1:]
+    small_opened_by.clear()
+    assert (await compact(harness, SMALL)).receipt.exact_cache == "reused"
+    assert small_opened_by == [threading.current_thread().name]  # cached: renewed on the loop
+    found = await rc.response_compaction_read_exact(harness, ref_of(SMALL), Exact)
+    assert found == rc.Found(value=SMALL)
+
+
+async def test_small_entries_on_a_refusing_file_system_are_still_read_on_the_loop(
+    small_opened_by: list[str], refusing_dir: str
+) -> None:
+    """A tmpfs holds every file in memory: once it refused, plain reads on the loop, as before
+    (passes on the parent too: it guards against sending every small read to a worker)."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(refusing_dir), llm=None)
+    await _stored_small(harness)
+    for _ in range(2):
+        small_opened_by.clear()
+        found = await rc.response_compaction_read_exact(harness, ref_of(SMALL), Exact)
+        assert found == rc.Found(value=SMALL)
+    assert small_opened_by == [threading.current_thread().name]
+    for _ in range(2):  # the first may find the log due a sync (``_wal``): a worker's then
+        small_opened_by.clear()
+        assert (await compact(harness, SMALL)).receipt.exact_cache == "reused"
+    assert small_opened_by == [threading.current_thread().name]

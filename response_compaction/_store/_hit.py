@@ -6,8 +6,9 @@ commit that is not synced, about 100 us of work; the hop to a worker thread and 
 two to three times that (on a 2-core VM the loop waited 60% of a hit's time for it). So here
 it runs on the loop, with every check of :func:`_oneshot.put_small`'s renewal, provided
 nothing makes the loop wait: the index and tree already open, the index's locks free this
-instant, a commit that neither syncs nor checkpoints (``_wal``), no name left to fsync and
-no row to evict (``_commit.renew_on_loop``). Otherwise the worker thread does it all. A
+instant, the file's bytes in the page cache (``_reading.read_unwaited``), a commit that
+neither syncs nor checkpoints (``_wal``), no name left to fsync and no row to evict
+(``_commit.renew_on_loop``). Otherwise the worker thread does it all. A
 value with no file where its entry would be is a miss known from one ``stat``, without the
 index: the worker writes it.
 """
@@ -68,7 +69,10 @@ def _renew_if_live(
             return NOT_INLINE  # the worker retries, or reports it
         if not renewable(existing, row, now):
             return None
-        on_disk = stored_as(dirs, kind, key, (data,), row.size)
+        try:
+            on_disk = stored_as(dirs, kind, key, (data,), row.size, on_loop=True)
+        except BlockingIOError:  # not all of it in memory: the worker reads it
+            return NOT_INLINE
         if on_disk is None:
             return None
         value = decode_exact(on_disk, schema)  # ValueError: the value does not validate

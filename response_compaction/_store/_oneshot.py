@@ -46,7 +46,7 @@ from ._paths import (
     unlink_quietly,
     valid_name,
 )
-from ._reading import Data, read_cached, read_limited, refuse_if_refused
+from ._reading import Data, read_cached, read_limited, read_unwaited, refuse_if_refused
 from ._tree import Dirs, Tree, tree
 from ._verify import check_digest
 
@@ -57,6 +57,7 @@ __all__ = [
     "put_small",
     "read_entry",
     "read_entry_cached",
+    "read_entry_unwaited",
     "read_regular",
     "renew_intact",
     "renewable",
@@ -195,15 +196,25 @@ def renewable(existing: Row | None, row: Row, now: float) -> bool:
 
 
 def stored_as(
-    dirs: Tree, kind: Kind, key: str, pieces: Sequence[bytes | memoryview], size: int
+    dirs: Tree,
+    kind: Kind,
+    key: str,
+    pieces: Sequence[bytes | memoryview],
+    size: int,
+    *,
+    on_loop: bool = False,
 ) -> bytes | None:
     """The entry's bytes if they are ``pieces``; None if they differ, are gone or not a file.
 
     Equal bytes hash to the digest computed from ``pieces``: the row's digest (the same seal
-    as the new row's) only said where to look.
+    as the new row's) only said where to look. ``on_loop``: read as :func:`read_unwaited`
+    reads (``BlockingIOError`` if that would wait).
     """
+    read = read_entry_unwaited if on_loop else read_entry
     try:
-        on_disk = read_entry(dirs, kind, key, size)  # a planted huge file: one byte more
+        on_disk = read(dirs, kind, key, size)  # a planted huge file: one byte more
+    except BlockingIOError:
+        raise  # not known yet: the caller's worker thread looks
     except OSError:
         return None
     return on_disk if _same_bytes(on_disk, pieces) else None
@@ -306,6 +317,19 @@ def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
         return read_regular(key, fan_fd, limit)
     finally:
         os.close(fan_fd)
+
+
+def read_entry_unwaited(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes:
+    """:func:`read_entry` for the event loop's thread (:func:`read_unwaited`)."""
+    fan_fd = _fanout(dirs, kind, key)
+    try:
+        fd, st = open_regular(key, fan_fd)
+    finally:
+        os.close(fan_fd)
+    try:
+        return read_unwaited(fd, limit, st)
+    finally:
+        os.close(fd)
 
 
 def read_entry_cached(dirs: Tree, kind: Kind, key: str, limit: int) -> Data:

@@ -38,6 +38,7 @@ __all__ = [
     "read_cached",
     "read_hashed",
     "read_limited",
+    "read_unwaited",
     "refuse_if_refused",
 ]
 
@@ -107,6 +108,20 @@ def read_cached(fd: int, limit: int, st_size: int, device: int = -1) -> Data:
     if got not in (st_size, limit + 1):  # part cached, or the file changed since its fstat
         raise BlockingIOError(errno.EAGAIN, _NOT_CACHED)
     return memoryview(buffer)[:got].toreadonly()
+
+
+def read_unwaited(fd: int, limit: int, st: os.stat_result) -> bytes:
+    """:func:`read_limited` on the event loop's thread: never a wait for a disk it can avoid.
+
+    From the page cache alone (:func:`read_cached`: ``BlockingIOError`` when some of the
+    file is not in memory, or the flag was refused just now) where the file system answers
+    such reads; a plain read where it refused them (tmpfs here: all of it in memory). A small
+    entry pushed out of the cache (memory pressure, a restart) was read from the disk on the
+    loop, a wait that no event-loop timeout can cut short; it now goes to a worker thread.
+    """
+    if CAN_READ_CACHED and st.st_dev not in _REFUSED_ON:
+        return bytes(read_cached(fd, limit, st.st_size, st.st_dev))
+    return read_limited(fd, limit, st.st_size)
 
 
 def read_hashed(fd: int, limit: int, key: bytes, st_size: int = -1) -> tuple[Data, str]:

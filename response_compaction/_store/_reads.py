@@ -38,7 +38,7 @@ from . import _indexes, _reading
 from ._fileio import FileBackend
 from ._index import CorruptRowError, IndexBusy, Row
 from ._landing import Landing, decoded_landing, land_entry
-from ._oneshot import INDEX_ERRORS, read_entry, read_entry_cached
+from ._oneshot import INDEX_ERRORS, read_entry, read_entry_cached, read_entry_unwaited
 from ._paths import Kind, NotRegularFileError
 from ._reading import Data
 from ._tree import Tree, release_now, tree, tree_now
@@ -215,11 +215,12 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
 
     A hop to a worker thread costs more than reading, hashing and decoding a few KB from the
     page cache, so a small entry is read right here, provided nothing would make the loop
-    wait: the index must already be open and its reader free this instant, and the row must
-    say at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read), or
-    at most ``CACHED_READ_BYTES`` of a file the page cache holds whole (``read_cached``).
-    Otherwise ``NOT_INLINE``: take the worker thread. A batch of recorded uses that is due (a
-    commit) is written by a helper thread.
+    wait: the index must already be open and its reader free this instant, the row must say
+    at most ``INLINE_READ_BYTES`` (and no more than that plus one byte is ever read), or at
+    most ``CACHED_READ_BYTES``, and the page cache must hold the file whole (``read_cached``;
+    up to ``INLINE_READ_BYTES``, a plain read where the file system refuses to say:
+    ``read_unwaited``). Otherwise ``NOT_INLINE``: take the worker thread. A batch of
+    recorded uses that is due (a commit) is written by a helper thread.
     """
     index = _indexes.acquire_now(root)
     if index is None:
@@ -244,7 +245,7 @@ def read_inline(root: str, kind: Kind, key: str, now: float, secret: bytes) -> A
         try:
             data: Data | str | None
             if row.size <= INLINE_READ_BYTES:
-                data = _read_untrusted(dirs, kind, key, INLINE_READ_BYTES)
+                data = _untrusted(read_entry_unwaited, dirs, kind, key, INLINE_READ_BYTES)
             else:
                 data = _untrusted(read_entry_cached, dirs, kind, key, row.size)
         except BlockingIOError:  # not all in the page cache (or an open would block): hop
