@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -101,3 +103,44 @@ async def test_directory_at_an_entry_path_does_not_block_compaction(harness: rc.
     store = await _store.open_store(harness.fs)
     await store.prune()
     assert {report.state for report in await store.verify()} == {"found"}
+
+
+_LEASE = """
+import fcntl, os, signal, sys
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # told of a wish to break it: kept (45 s)
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.fcntl(fd, getattr(fcntl, "F_SETLEASE", 1024), fcntl.F_WRLCK)
+print("held", flush=True)
+sys.stdin.read()  # held until the test closes our stdin
+"""
+
+
+@contextlib.contextmanager
+def _lease_held(path: Path) -> Iterator[bool]:
+    """A write lease on ``path`` held by another process while the block runs (False: none)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _LEASE, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        yield holder.stdout.readline() == b"held\n"
+    finally:
+        holder.communicate(timeout=30)
+
+
+async def test_an_entry_another_process_holds_a_lease_on_is_written_afresh(
+    harness: rc.Harness,
+) -> None:
+    """Opening it would wait for the lease's break (``EAGAIN`` with ``O_NONBLOCK``): the
+    renewal, on the loop and then in the worker, takes it as nothing to renew, and the value
+    is written again under its name (the rename needs no open), not refused as unstorable."""
+    await compact(harness, A)
+    with _lease_held(entry_path(store_root(harness.fs), hex_of(A))) as held:
+        if not held:
+            pytest.skip("no write lease here")  # a file system or kernel without leases
+        again = await compact(harness, A)
+    assert again.receipt.exact_cache == "reused"  # the row was live: only the file is new
+    assert await read(harness, A) == rc.Found(value=A)

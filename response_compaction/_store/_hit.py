@@ -6,11 +6,11 @@ commit that is not synced, about 100 us of work; the hop to a worker thread and 
 two to three times that (on a 2-core VM the loop waited 60% of a hit's time for it). So here
 it runs on the loop, with every check of :func:`_oneshot.put_small`'s renewal, provided
 nothing makes the loop wait: the index and tree already open, the index's locks free this
-instant, the file's bytes in the page cache (``_reading.read_unwaited``), a commit that
-neither syncs nor checkpoints (``_wal``), no name left to fsync and no row to evict
-(``_commit.renew_on_loop``). Otherwise the worker thread does it all. A
-value with no file where its entry would be is a miss known from one ``stat``, without the
-index: the worker writes it.
+instant, the file's bytes in the page cache where the file system can tell
+(``_reading.read_unwaited``), a commit that neither syncs nor checkpoints (``_wal``), no
+name left to fsync and no row to evict (``_commit.renew_on_loop``). Otherwise the worker
+thread does it all. A value with no file where its entry would be is a miss known from one
+``stat``, without the index: the worker writes it.
 """
 
 from __future__ import annotations

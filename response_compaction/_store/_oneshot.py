@@ -214,7 +214,9 @@ def stored_as(
     try:
         on_disk = read(dirs, kind, key, size)  # a planted huge file: one byte more
     except BlockingIOError:
-        raise  # not known yet: the caller's worker thread looks
+        if on_loop:
+            raise  # not known yet: the caller's worker thread looks
+        return None  # an open that would wait (a lease held elsewhere): written afresh
     except OSError:
         return None
     return on_disk if _same_bytes(on_disk, pieces) else None

@@ -73,6 +73,8 @@ CAN_READ_CACHED = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
 #: again, each refusal cost an open, a buffer of up to 2 MiB and a system call on the loop.
 _REFUSED_ON: set[int] = set()
 _NOT_CACHED = "not read from the page cache"
+#: How a file system says it has no such reads.
+_NO_SUCH_READS = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
 
 
 def refuse_if_refused(device: int) -> None:
@@ -101,8 +103,8 @@ def read_cached(fd: int, limit: int, st_size: int, device: int = -1) -> Data:
         got = os.preadv(fd, [buffer], 0, os.RWF_NOWAIT)
     except BlockingIOError as exc:  # EAGAIN: not all of it cached
         raise BlockingIOError(errno.EAGAIN, _NOT_CACHED) from exc
-    except OSError as exc:  # EOPNOTSUPP, EINVAL, ENOSYS: no such reads on this file system
-        if device >= 0:
+    except OSError as exc:
+        if device >= 0 and exc.errno in _NO_SUCH_READS:  # not an EIO that may pass
             _REFUSED_ON.add(device)
         raise BlockingIOError(errno.EAGAIN, _NOT_CACHED) from exc
     if got not in (st_size, limit + 1):  # part cached, or the file changed since its fstat
@@ -111,13 +113,14 @@ def read_cached(fd: int, limit: int, st_size: int, device: int = -1) -> Data:
 
 
 def read_unwaited(fd: int, limit: int, st: os.stat_result) -> bytes:
-    """:func:`read_limited` on the event loop's thread: never a wait for a disk it can avoid.
+    """:func:`read_limited` on the event loop's thread, without waiting for a disk to read.
 
-    From the page cache alone (:func:`read_cached`: ``BlockingIOError`` when some of the
-    file is not in memory, or the flag was refused just now) where the file system answers
-    such reads; a plain read where it refused them (tmpfs here: all of it in memory). A small
-    entry pushed out of the cache (memory pressure, a restart) was read from the disk on the
-    loop, a wait that no event-loop timeout can cut short; it now goes to a worker thread.
+    From the page cache alone (:func:`read_cached`) where the file system answers such reads:
+    ``BlockingIOError`` when some of the file is not in memory, the flag was refused just
+    now, or the file is empty or not as long as ``st`` says (a worker thread reads it then).
+    A plain read where the file system refused the flag (tmpfs here: every file in memory)
+    or there is none (not Linux). A small entry pushed out of the cache (memory pressure, a
+    restart) was read from the disk on the loop, a wait no event-loop timeout can cut short.
     """
     if CAN_READ_CACHED and st.st_dev not in _REFUSED_ON:
         return bytes(read_cached(fd, limit, st.st_size, st.st_dev))
