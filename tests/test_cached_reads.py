@@ -247,6 +247,12 @@ async def test_a_file_system_that_refuses_cached_reads_is_not_asked_again(
     assert opened_by[0] != threading.current_thread().name
 
 
+def _tried_on_the_loop_then_read_by_a_worker(opened: list[str]) -> None:
+    assert opened[0] == threading.current_thread().name  # tried from the cache, refused
+    assert opened[1:] != []
+    assert threading.current_thread().name not in opened[1:]  # then read by a worker
+
+
 async def _stored_small(harness: rc.Harness) -> Path:
     out = await compact(harness, SMALL)
     assert out.receipt.exact_cache == "stored"
@@ -265,9 +271,7 @@ async def test_a_small_entry_not_in_the_page_cache_is_read_in_a_worker_thread(
     small_opened_by.clear()
     found = await rc.response_compaction_read_exact(harness, ref_of(SMALL), Exact)
     assert found == rc.Found(value=SMALL)
-    assert small_opened_by[0] == threading.current_thread().name  # tried from the cache
-    assert small_opened_by[1:] != []
-    assert threading.current_thread().name not in small_opened_by[1:]  # then by a worker
+    _tried_on_the_loop_then_read_by_a_worker(small_opened_by)
     small_opened_by.clear()  # read back in: the loop's own again
     assert await rc.response_compaction_read_exact(harness, ref_of(SMALL), Exact) == found
     assert small_opened_by == [threading.current_thread().name]
@@ -283,9 +287,7 @@ async def test_a_cache_hit_not_in_the_page_cache_is_renewed_in_a_worker_thread(
     small_opened_by.clear()
     again = await compact(harness, SMALL)
     assert again.receipt.exact_cache == "reused"
-    assert small_opened_by[0] == threading.current_thread().name
-    assert small_opened_by[1:] != []
-    assert threading.current_thread().name not in small_opened_by[1:]
+    _tried_on_the_loop_then_read_by_a_worker(small_opened_by)
     small_opened_by.clear()
     assert (await compact(harness, SMALL)).receipt.exact_cache == "reused"
     assert small_opened_by == [threading.current_thread().name]  # cached: renewed on the loop
