@@ -323,11 +323,7 @@ def read_entry(dirs: Tree, kind: Kind, key: str, limit: int = -1) -> bytes:
 
 def read_entry_unwaited(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes:
     """:func:`read_entry` for the event loop's thread (:func:`read_unwaited`)."""
-    fan_fd = _fanout(dirs, kind, key)
-    try:
-        fd, st = open_regular(key, fan_fd)
-    finally:
-        os.close(fan_fd)
+    fd, st = _open_entry(dirs, kind, key)
     try:
         return read_unwaited(fd, limit, st)
     finally:
@@ -336,16 +332,28 @@ def read_entry_unwaited(dirs: Tree, kind: Kind, key: str, limit: int) -> bytes:
 
 def read_entry_cached(dirs: Tree, kind: Kind, key: str, limit: int) -> Data:
     """:func:`read_entry` from the page cache only (``BlockingIOError`` if it would wait)."""
-    fan_fd = _fanout(dirs, kind, key)
-    try:
-        refuse_if_refused(os.fstat(fan_fd).st_dev)  # not even an open where it is no use
-        fd, st = open_regular(key, fan_fd)
-    finally:
-        os.close(fan_fd)
+    fd, st = _open_entry(dirs, kind, key, cached_only=True)
     try:
         return read_cached(fd, limit, st.st_size, st.st_dev)
     finally:
         os.close(fd)
+
+
+def _open_entry(
+    dirs: Tree, kind: Kind, key: str, *, cached_only: bool = False
+) -> tuple[int, os.stat_result]:
+    """The entry's file, opened as :func:`open_regular` opens it, and its ``fstat``.
+
+    ``cached_only``: ``BlockingIOError`` before the open where the file system refused
+    cached reads (not even an open where it is no use).
+    """
+    fan_fd = _fanout(dirs, kind, key)
+    try:
+        if cached_only:
+            refuse_if_refused(os.fstat(fan_fd).st_dev)
+        return open_regular(key, fan_fd)
+    finally:
+        os.close(fan_fd)
 
 
 def _fanout(dirs: Tree, kind: Kind, key: str) -> int:
