@@ -44,7 +44,6 @@ from typing import Any
 
 import anyio.lowlevel
 
-from .. import _pool
 from .._canonical import Span, decode_exact
 from .._digest import digest_hex, digest_of
 from .._errors import map_errors
@@ -57,12 +56,12 @@ from ._clocks import finite_clock
 from ._commit import publish
 from ._fileio import FileBackend, current_backend
 from ._hit import renew_inline
-from ._key import KEY_NAME, load_key, read_key
 from ._medium import MEDIUM_BYTES, Medium
 from ._oneshot import SMALL_BYTES, put_small, unlink_unrecorded_at
-from ._paths import KINDS, PROCESS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, prepare_root, sweep_temps
+from ._paths import KINDS, PROCESS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, sweep_temps
 from ._prune import prune_all, remove_entry
 from ._reads import NOT_INLINE, check_read, found_landing, read_checked, read_inline, record_read
+from ._roots import key_stamp, prepared_root
 from ._stepwise import Stored
 from ._turns import STEPS_SECONDS, cpu_turn, pace, soon, storing
 from ._verify import GC_PAUSE_BYTES, EntryReport, decoded_beside, decoded_value
@@ -88,7 +87,8 @@ async def open_store(fs: Any) -> Store:
     there); other workspaces get the running event loop's backend. The root is created and
     checked once per process and workspace, its directories held open (``_tree``); every later
     operation re-checks, one ``stat`` per directory without following links, that each name
-    is still the directory held, ours and private, and opens the root again if not.
+    is still the directory held, ours and private, and opens the root again if not. A root on
+    a file system that may stall a call (``_mounts``) is never looked at on the loop's thread.
     """
     if type(fs) is LocalWorkspace and fs.clock is None and fs.file_backend is None:
         # The common case, on every call: one lstat says the key file is the one read.
@@ -96,7 +96,7 @@ async def open_store(fs: Any) -> Store:
         if known is not None:
             store, stamp = known
             try:  # not contextlib.suppress: building one cost every read 0.3 us
-                if _key_stamp(store.root) == stamp:
+                if key_stamp(store.root) == stamp:
                     return store
             except OSError:
                 pass  # gone or unreadable: opened again below
@@ -108,61 +108,17 @@ async def open_store(fs: Any) -> Store:
     backend = file_backend or current_backend()
     base = os.fspath(fs.workspace_temp_dir())
     with map_errors(f"cannot use the workspace {base!r} for the store"):
-        root, key = await _root_and_key(backend, base)
-    store = Store(root, finite_clock(clock) if clock else time.time, backend, key,
-                  fast=file_backend is None)  # fmt: skip
-    if type(fs) is LocalWorkspace and clock is None and file_backend is None:
-        seen = _prepared.get((PROCESS.pid, base))
-        if seen is not None and seen[1] == key:
-            if len(_stores) >= 64:  # many workspaces: forget them all, they are cheap to open
-                _stores.clear()
-            _stores[(PROCESS.pid, fs.path, backend)] = (store, seen[2])
+        root = await prepared_root(backend, base)
+    store = Store(root.path, finite_clock(clock) if clock else time.time, backend, root.key,
+                  fast=file_backend is None and not root.may_hang)  # fmt: skip
+    plain = type(fs) is LocalWorkspace and clock is None and file_backend is None
+    if plain and root.stamp is not None and not root.may_hang:
+        if len(_stores) >= 64:  # many workspaces: forget them all, they are cheap to open
+            _stores.clear()
+        _stores[(PROCESS.pid, fs.path, backend)] = (store, root.stamp)
     return store
 
 
-async def _root_and_key(backend: FileBackend, base: str) -> tuple[str, bytes]:
-    known = _prepared.get((PROCESS.pid, base))
-    if known is not None:
-        root, key, seen = known
-        try:
-            # One lstat on the loop: the key file as it was when last read (same inode, size,
-            # owner, mode, times) is the same key; anything else is read and checked again.
-            now = _key_stamp(root)
-            if now == seen:
-                return root, key
-            fresh = read_key(root)  # a few syscalls on the loop: no hop
-        except FileNotFoundError:
-            fresh = None  # the key or the root was removed: made again below
-        if fresh is not None:
-            _prepared[(PROCESS.pid, base)] = (root, fresh, now)
-            return root, fresh
-    _pool.POOL.start()  # warm before the first large value needs it
-    root, key = await backend.run(_prepare, base)
-    with contextlib.suppress(OSError):
-        _prepared[(PROCESS.pid, base)] = (root, key, _key_stamp(root))
-    return root, key
-
-
-def _key_stamp(root: str) -> tuple[int, ...]:
-    path = _key_paths.get(root)
-    if path is None:
-        if len(_key_paths) >= 64:
-            _key_paths.clear()
-        path = _key_paths[root] = os.path.join(root, KEY_NAME)
-    st = os.lstat(path)
-    return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size,
-            st.st_mtime_ns, st.st_ctime_ns)  # fmt: skip
-
-
-def _prepare(base: str) -> tuple[str, bytes]:
-    root = prepare_root(base)
-    return root, load_key(root)
-
-
-_key_paths: dict[str, str] = {}  # the key file's path by root: joined once, looked at per call
-# Roots created and checked by this process, by workspace directory, with their key and how
-# the key file looked when it was read (every open compares; a changed file is read again).
-_prepared: dict[tuple[int, str], tuple[str, bytes, tuple[int, ...]]] = {}
 # Stores of plain LocalWorkspaces (default clock and backend), with the key file's stamp when
 # its key was read: a Store holds nothing else, so one per path and backend serves every call.
 _stores: dict[tuple[int, str, FileBackend], tuple[Store, tuple[int, ...]]] = {}

@@ -1,0 +1,75 @@
+"""Whether a store's file system may leave a call waiting on the network or another process.
+
+The fast paths of a local store do a few file calls on the event loop thread itself (the
+key file's ``lstat`` on every call, small reads and cache-hit renewals, ``_hit`` and
+``_reads``): on a local disk they take microseconds, and no timeout on that loop could cut
+one short if it did not return. On NFS, SMB, 9p or a FUSE file system a stalled server or
+daemon leaves such a call waiting for as long as it stalls, with every other task of the
+loop. A store there takes the worker threads for everything (the call-by-call algorithm an
+injected file backend gets): slower, never a frozen loop.
+
+Classified once per root and device, in a worker thread, from ``/proc/self/mountinfo``: a
+known networked or userspace type may hang; otherwise a file system on a block device is
+local, as are the in-memory and volume-managing types whose devices are anonymous (tmpfs,
+btrfs, ZFS, overlay); any other anonymous device may hang. Where the table cannot be read
+(not Linux), the store is taken to be local, as it always was.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["MOUNTINFO", "fs_type", "hangs_by_type", "may_hang"]
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+#: Served over a network or by a userspace daemon (``fuse.sshfs``, ``fuse.gcsfuse``... match
+#: by their prefix): a call may wait on someone else for as long as they take.
+_REMOTE = frozenset({
+    "9p", "afs", "ceph", "cifs", "coda", "davfs", "fuse", "fuseblk", "gfs2", "glusterfs",
+    "gpfs", "lustre", "ncpfs", "nfs", "nfs4", "ocfs2", "smb3", "smbfs", "virtiofs",
+})  # fmt: skip
+#: Local although their devices are anonymous (major 0), as a block device's are not.
+_LOCAL_ANONYMOUS = frozenset({
+    "bcachefs", "btrfs", "overlay", "ramfs", "tmpfs", "zfs",
+})  # fmt: skip
+
+
+def may_hang(dev: int) -> bool:
+    """Whether the file system of device ``dev`` (an ``st_dev``) may stall a call (blocking)."""
+    try:
+        with open(MOUNTINFO, encoding="utf-8", errors="replace") as table:
+            kind = fs_type(table.read(), dev)
+    except OSError:
+        return False  # no table (not Linux): as before there was one
+    return hangs_by_type(kind, dev)
+
+
+def hangs_by_type(kind: str | None, dev: int) -> bool:
+    """Whether a file system of type ``kind`` (None: not in the table) on ``dev`` may stall."""
+    if kind is None:
+        return os.major(dev) == 0  # a mount the table does not list: by its device alone
+    if kind in _REMOTE or kind.startswith("fuse."):
+        return True
+    return os.major(dev) == 0 and kind not in _LOCAL_ANONYMOUS
+
+
+def fs_type(mountinfo: str, dev: int) -> str | None:
+    """The type ``mountinfo`` (the text of ``/proc/<pid>/mountinfo``) gives device ``dev``.
+
+    Each line: mount id, parent id, ``major:minor``, root, mount point, options, optional
+    fields, ``-``, type, source, super options. The last mount of the device wins (later
+    lines mount over earlier ones); a line that does not parse is skipped.
+    """
+    wanted = f"{os.major(dev)}:{os.minor(dev)}"
+    found: str | None = None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 7 or fields[2] != wanted:
+            continue
+        try:
+            kind = fields[fields.index("-", 6) + 1]
+        except (ValueError, IndexError):
+            continue
+        found = kind or None
+    return found
