@@ -7,6 +7,8 @@ call under way, and a thread survives a waiter that went away.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,7 +20,7 @@ import pytest
 from anyio import wait_all_tasks_blocked
 from anyio.lowlevel import checkpoint
 
-from response_compaction._store._fileio import current_backend
+from response_compaction._store._fileio import AiofilesBackend, current_backend
 from response_compaction._store._hop import HOP_THREADS, run_in_thread
 
 pytestmark = pytest.mark.anyio
@@ -70,6 +72,67 @@ async def test_a_cancelled_caller_waits_for_its_call_then_is_cancelled() -> None
     assert scope.cancelled_caught
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_native_cancellation_waits_for_the_call_then_is_raised() -> None:
+    """``task.cancel()`` (``asyncio.timeout``, ``wait_for``) never abandons a running call."""
+    started, release = threading.Event(), threading.Event()
+    steps: list[str] = []
+
+    def blocking() -> str:
+        started.set()
+        release.wait(timeout=30)
+        steps.append("call returned")
+        return "done"
+
+    task = asyncio.ensure_future(run_in_thread(blocking))
+    await anyio.to_thread.run_sync(started.wait, 30)
+    task.cancel()
+    try:
+        for _ in range(20):  # many passes of the loop, a second cancellation among them
+            await checkpoint()
+            if _ == 10:
+                task.cancel()
+        assert not task.done()
+    finally:
+        release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == ["call returned"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_native_cancellation_waits_for_an_aiofiles_write(tmp_path: Path) -> None:
+    """A write into a full pipe, cancelled natively: the task ends only once the write did."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        file = await AiofilesBackend().open(str(fifo), "wb", os.open)
+        data = b"x" * (4 << 20)  # far more than a pipe holds: the write blocks in its thread
+        task = asyncio.ensure_future(file.write(data))
+        for _ in range(20):
+            await checkpoint()
+        task.cancel()
+        for _ in range(20):
+            await checkpoint()
+        assert not task.done()  # still writing: nothing read yet
+        drained = await anyio.to_thread.run_sync(_drain, reader, len(data))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert drained == len(data)  # the whole write ran; the fd was never given up early
+        await file.close()
+    finally:
+        os.close(reader)
+
+
+def _drain(fd: int, size: int) -> int:
+    os.set_blocking(fd, True)
+    got = 0
+    while got < size:
+        got += len(os.read(fd, 1 << 20))
+    return got
+
+
 async def test_a_caller_cancelled_before_the_call_never_starts_it() -> None:
     ran: list[int] = []
     with anyio.CancelScope() as scope:
@@ -114,17 +177,16 @@ def blocking():
     threads.append(threading.get_ident())
     release.wait(30)
 
-async def abandon():
+async def start():
     task = asyncio.ensure_future(_hop.run_in_thread(blocking))
     while not threads:
         await asyncio.sleep(0.001)
-    task.cancel()  # a foreign cancellation: the caller goes away, its loop then closes
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
+    return task
 
-asyncio.run(abandon())
+loop = asyncio.new_event_loop()
+loop.set_exception_handler(lambda loop, context: None)  # "destroyed but pending": as meant
+task = loop.run_until_complete(start())
+loop.close()  # its caller still waits: a host closing its loop anyway
 release.set()  # the thread now wakes a closed loop
 
 async def again():
@@ -160,7 +222,7 @@ def test_after_the_helpers_stopped_at_exit_a_call_runs_in_its_caller(backend: st
         import threading
         import anyio
         from response_compaction._store import _aside
-        from response_compaction._store._fileio import current_backend
+        from response_compaction._store._fileio import AiofilesBackend, current_backend
 
         async def main():
             with anyio.fail_after(30):

@@ -61,12 +61,32 @@ async def _run_to_completion(start: Callable[[], Awaitable[T]]) -> T:
     aiofiles runs each call in an executor thread that cancellation cannot stop. Abandoning it
     would leak what it opens, let a write run on after its file was closed (and its fd reused),
     and race the cleanup that follows. So: a cancellation point before the call starts, none
-    while it runs; a pending cancellation is delivered at the caller's next checkpoint.
+    while it runs; anyio's pending cancellation is delivered at the caller's next checkpoint,
+    a native ``task.cancel()`` once the call has returned (see ``_hop``).
     """
     await anyio.lowlevel.checkpoint_if_cancelled()
     with anyio.CancelScope(shield=True):
-        result = await start()
+        result = await _unabandoned(start)
     return result  # noqa: RET504 - CancelScope.__exit__ may suppress, so mypy wants it outside
+
+
+async def _unabandoned(start: Callable[[], Awaitable[T]]) -> T:
+    """``await start()`` in a task of its own, waited for through native cancellations."""
+    import asyncio  # aiofiles runs on asyncio only
+
+    call = asyncio.ensure_future(start())
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            if call.done():  # the call itself was cancelled, not this task
+                raise
+            cancelled = True  # raised once the call has returned
+            continue
+        if cancelled:
+            raise asyncio.CancelledError
+        return result
 
 
 class _AiofilesFile:

@@ -10,13 +10,14 @@ pool, and the thread that ran it wakes the waiting task itself (asyncio's
 median), 31-42 us of the loop's CPU. In 2 KB compactions alternating both ways in one
 process, the minimum fell by 45-50 us on either loop (p10 by 90-100 us).
 
-The semantics are those of the calls it replaces. The call runs in a copy of the caller's
-``contextvars`` context. A cancellation is honoured before the call starts and never while
-it runs: the task waits for it, and a pending cancellation is delivered at its next
-checkpoint (a thread cannot be stopped, and abandoning it would let it write on after the
-caller cleaned up). Only anyio's cancellation waits so: a native ``task.cancel()`` on
-asyncio (``asyncio.timeout``, ``wait_for``) ends the wait and leaves the call running, as
-the executor did. Any other anyio backend uses ``anyio.to_thread``.
+The call runs in a copy of the caller's ``contextvars`` context. A cancellation is honoured
+before the call starts and never while it runs: the task waits for it (a thread cannot be
+stopped, and abandoning it would let it write on after the caller cleaned up: a medium put
+cancelled by ``asyncio.wait_for`` closed its temp file while a thread still wrote to the fd,
+and the next file the process opened got the rest of the value). anyio's cancellation is
+then delivered at the task's next checkpoint; a native ``task.cancel()`` on asyncio
+(``asyncio.timeout``, ``wait_for``) is raised once the call has returned. Any other anyio
+backend uses ``anyio.to_thread``.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ async def _on_asyncio(call: Callable[[], T]) -> T:
 
     await anyio.lowlevel.checkpoint_if_cancelled()
     loop = asyncio.get_running_loop()
-    woken = loop.create_future()
+    woken = [loop.create_future()]  # the future the call's end settles (a new one per wait)
 
     def wake() -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
@@ -72,13 +73,27 @@ async def _on_asyncio(call: Callable[[], T]) -> T:
 
     with anyio.CancelScope(shield=True):
         job = Aside(call, pool="hop", then=wake, limit=HOP_THREADS)
-        await woken
+        try:
+            await woken[0]
+        except asyncio.CancelledError:  # a foreign task.cancel(): the call is waited for too
+            await _until_done(job, woken)
+            raise
     return job.take()
 
 
-def _settle(woken: asyncio.Future[None]) -> None:
-    if not woken.done():  # cancelled by a foreign task.cancel(): the task has gone on
-        woken.set_result(None)
+async def _until_done(job: Aside[Any], woken: list[asyncio.Future[None]]) -> None:
+    """Wait for ``job`` whatever cancels this task meanwhile (its caller cleans up after)."""
+    import asyncio
+
+    while not job.done():  # else wake() was called: nothing else will settle a new future
+        woken[0] = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(asyncio.CancelledError):
+            await woken[0]
+
+
+def _settle(woken: list[asyncio.Future[None]]) -> None:
+    if not woken[0].done():  # cancelled by a foreign task.cancel(): see _until_done
+        woken[0].set_result(None)
 
 
 async def _on_trio(call: Callable[[], T]) -> T:
