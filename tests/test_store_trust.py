@@ -142,3 +142,22 @@ async def test_tampered_entry_detail_names_no_digest_or_size_of_the_bytes(
     for detail in (result.detail, report.detail):
         assert "do not hash to the reference" in detail
         assert not any(fact in detail for fact in facts), detail
+
+
+@pytest.mark.parametrize("expiry", ["x", b"\x00", float("inf")])
+async def test_compacting_again_replaces_a_tampered_expiry(
+    harness: rc.Harness, expiry: object
+) -> None:
+    """An expiry cell that is not a finite number reads Broken, until the value is stored again.
+
+    The new receipt must read ``Found``: its write replaces the cell (``max`` with text kept
+    the text, which SQLite ranks above any number, and the key read Broken for good).
+    """
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    with sqlite3.connect(root / "index.sqlite3") as conn:
+        conn.execute("UPDATE entries SET expires_at = ? WHERE key = ?", (expiry, hex_of(A)))
+    assert isinstance(await read(harness, A), rc.Broken)
+    again = await compact(harness, A)
+    assert again.receipt.exact_cache == "stored"
+    assert await read(harness, A) == rc.Found(value=A)

@@ -57,6 +57,19 @@ _BEFORE_UPSERT = (
     + _TOP_USES.removeprefix("SELECT ")
 )
 
+# An upsert, not INSERT OR REPLACE: a replace deletes without firing triggers. An expiry is
+# kept if later, unless it is not a finite number as :func:`number` reads one (an infinity
+# minus itself is NaN, which SQLite makes NULL).
+_UPSERT = (
+    "INSERT INTO entries (kind, key, digest, size, expires_at, last_used, layout, writer)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (kind, key)"
+    " DO UPDATE SET digest = excluded.digest, size = excluded.size,"
+    " expires_at = CASE WHEN typeof(expires_at) IN ('integer', 'real')"
+    " AND expires_at - expires_at = 0"
+    " THEN max(expires_at, excluded.expires_at) ELSE excluded.expires_at END,"
+    " last_used = excluded.last_used, layout = excluded.layout, writer = excluded.writer"
+)
+
 
 class CorruptRowError(ValueError):
     """An index row whose cells are not what this library writes (types, names, ranges)."""
@@ -181,16 +194,13 @@ class Transaction:
         """Record ``key`` as just stored and used.
 
         ``row.expires_at`` was computed from ``now``; a clock behind the attested time is
-        corrected, and an expiry already recorded is never moved earlier.
+        corrected, and an expiry already recorded is never moved earlier, unless it is not a
+        finite number (a tampered cell: SQLite ranks text above every number, so ``max``
+        kept it, and the new receipt read Broken for good).
         """
         expires_at = row.expires_at + max(0.0, self.attested(now) - now)
-        # An upsert, not INSERT OR REPLACE: a replace deletes without firing triggers.
         self._conn.execute(
-            "INSERT INTO entries (kind, key, digest, size, expires_at, last_used, layout, writer)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (kind, key)"
-            " DO UPDATE SET digest = excluded.digest, size = excluded.size,"
-            " expires_at = max(expires_at, excluded.expires_at),"
-            " last_used = excluded.last_used, layout = excluded.layout, writer = excluded.writer",
+            _UPSERT,
             (kind, key, row.digest, row.size, expires_at, self.next_use(), row.layout, self.me),
         )
 
