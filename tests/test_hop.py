@@ -107,7 +107,8 @@ async def test_a_native_cancellation_waits_for_an_aiofiles_write(tmp_path: Path)
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        file = await AiofilesBackend().open(str(fifo), "wb", os.open)
+        # "xb" is what the store writes with; its opener opens the existing FIFO instead.
+        file = await AiofilesBackend().open(str(fifo), "xb", lambda p, _: os.open(p, os.O_WRONLY))
         data = b"x" * (4 << 20)  # far more than a pipe holds: the write blocks in its thread
         task = asyncio.ensure_future(file.write(data))
         for _ in range(20):
