@@ -29,6 +29,8 @@ from typing import Any
 
 import msgspec
 
+from ._pydantic import plain_hook
+
 __all__ = ["identifiers", "ungrounded"]
 
 _URL = re.compile(r"https?://[^\s\"'<>`)\]}]+")
@@ -62,12 +64,15 @@ def identifiers(text: str) -> Iterator[str]:
 
 
 def ungrounded(summary: Any, fields: Sequence[str], haystacks: Sequence[bytes | memoryview]) -> int:
-    """How many identifiers in ``summary``'s ``fields`` occur in none of ``haystacks``."""
-    builtins = msgspec.to_builtins(summary)
+    """How many identifiers in ``summary``'s ``fields`` occur in none of ``haystacks``.
+
+    Fields by their Python names (a Struct's renamed field, a pydantic alias: not as
+    encoded); a pydantic model inside is taken as its plain data.
+    """
     missing = 0
     for name in fields:
-        value = builtins.get(name) if isinstance(builtins, dict) else None
-        for text in _strings(value):
+        value = summary.get(name) if isinstance(summary, dict) else getattr(summary, name, None)
+        for text in _strings(msgspec.to_builtins(value, enc_hook=plain_hook)):
             for ident in identifiers(text):
                 if not _occurs(ident, haystacks):
                     missing += 1

@@ -39,8 +39,7 @@ from ._views import Chunk, View, chunks, covered_bytes, first_half, reduce_view,
 __all__ = ["LadderResult", "RungReply", "Source", "SummaryModel", "context_limit", "run_ladder"]
 
 log = logging.getLogger("response_compaction")
-# A library does not print: without the host's logging set up, records go nowhere.
-log.addHandler(logging.NullHandler())
+log.addHandler(logging.NullHandler())  # a library does not print: records go nowhere unset
 T = TypeVar("T")
 #: Map calls in flight at once under ``coverage="full"``.
 MAP_CONCURRENCY = 4
@@ -282,9 +281,10 @@ async def _ask(
     value = None
     if outcome == "ok":
         try:
-            # decode_exact: msgspec or pydantic, whichever the schema is; its message may
-            # quote the reply, so only the class reaches the attempt.
+            # msgspec or pydantic, whichever the schema is (the message may quote the reply:
+            # only the class reaches the attempt); canonical JSON refuses pydantic's 1e999.
             value = decode_exact((reply.text or "").encode(), run.summary_schema)
+            canonical_bytes(value)
         except ValueError as exc:
             outcome, error = "invalid", type(exc).__name__
     if value is not None and final and run.options.grounded:

@@ -24,6 +24,7 @@ def resolve_options(options: object, summary_schema: Any) -> CompactionOptions[A
     if is_pydantic_schema(summary_schema, "summary_schema"):
         rest, fallback = resolve_pydantic_fallback(options, summary_schema)
         resolved = resolve_options(rest, Any)
+        _check_grounded(resolved.grounded, summary_schema)
         return msgspec.structs.replace(resolved, fallback=fallback)
     if isinstance(options, CompactionOptions):
         # msgspec does not validate on construction: check the fields as if they were decoded.
@@ -60,7 +61,10 @@ def _fallback_function(fallback: object) -> Any:
 
 
 def _check_grounded(fields: tuple[str, ...], summary_schema: Any) -> None:
-    known = getattr(summary_schema, "__struct_fields__", None)
+    # By Python name (as grounding looks them up), a pydantic model's too.
+    known = getattr(
+        summary_schema, "__struct_fields__", getattr(summary_schema, "model_fields", None)
+    )
     for name in fields:
         if known is not None and name not in known:
             raise ValueError(
