@@ -85,9 +85,10 @@ def _key(
 
 
 class _Flight:
-    def __init__(self) -> None:
+    def __init__(self, deadline: float) -> None:
         self.done = anyio.Event()
         self.outcome: SummaryOutcome | None = None
+        self.deadline = deadline  # the leader's: its fallback is not a longer budget's
 
 
 _flights: dict[tuple[object, str, str], _Flight] = {}
@@ -121,8 +122,9 @@ async def summarize(
     becomes the leader (it reads the cache and runs the ladder), the others wait for it within
     their own ``timeout_ms`` and then read its summary from the cache as a ``hit`` (or take its
     fallback, with no attempts of their own). A follower whose budget ends first gets the
-    fallback with reason ``timeout``. Caller cancellation propagates; only the budget ends in a
-    fallback.
+    fallback with reason ``timeout``; one whose budget outlasts the leader's, when the leader's
+    ended its run, runs the ladder itself. Caller cancellation propagates; only the budget ends
+    in a fallback.
     """
     deadline = anyio.current_time() + options.timeout_ms / 1000
     dialect = getattr(model, "schema_dialect", "strict")
@@ -135,11 +137,13 @@ async def summarize(
             await flight.done.wait()
         if not flight.done.is_set():
             return SummaryOutcome(value=None, cache="none", reason="timeout")
-        if flight.outcome is not None and flight.outcome.value is None:
-            return SummaryOutcome(value=None, cache="none", reason=flight.outcome.reason)
-        # The leader stored a summary (read it as a hit) or was cancelled (lead ourselves).
+        outcome = flight.outcome
+        if outcome is not None and outcome.value is None and not _own_budget_left(flight, deadline):
+            return SummaryOutcome(value=None, cache="none", reason=outcome.reason)
+        # The leader stored a summary (read it as a hit), was cancelled, or ran out of a
+        # budget shorter than ours: lead ourselves (or follow whoever leads now).
 
-    flight = _flights[flight_key] = _Flight()
+    flight = _flights[flight_key] = _Flight(deadline)
     try:
         cached = await store.get("summary", key, summary_schema)
         if isinstance(cached, Found):
@@ -159,6 +163,13 @@ async def summarize(
     finally:
         del _flights[flight_key]
         flight.done.set()
+
+
+def _own_budget_left(flight: _Flight, deadline: float) -> bool:
+    """Whether the leader's fallback came from its own budget ending, and ours is left."""
+    now = anyio.current_time()
+    reason = flight.outcome.reason if flight.outcome is not None else None
+    return reason == "timeout" and flight.deadline <= now < deadline
 
 
 async def _keep(

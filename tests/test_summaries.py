@@ -443,6 +443,33 @@ async def test_a_hung_leader_does_not_stretch_a_followers_budget(
     assert server.count("hung") == 1
 
 
+async def test_a_leader_s_budget_ending_leaves_a_longer_budget_its_own_run(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """The leader's timeout_ms ends before the follower's: the follower asks the model itself.
+
+    Its receipt must not report a timeout that never happened to its own budget.
+    """
+    server.script("model", Hang(), summary_reply(GOOD))
+    leader: list[rc.Compacted[Any, Any]] = []
+    async with (
+        model_harness(workspace, server, {"main": ["model"]}) as harness,
+        anyio.create_task_group() as tg,
+    ):
+
+        async def lead() -> None:
+            leader.append(await compact(harness, timeout_ms=300))
+
+        tg.start_soon(lead)
+        await server.wait_arrived("model")
+        with anyio.fail_after(20):
+            follower = await compact(harness, timeout_ms=600_000)
+    assert leader[0].receipt.fallback_reason == "timeout"
+    assert follower.output == rc.SummarizedOutput(value=Summary(**GOOD))
+    assert follower.receipt.summary_cache == "stored"
+    assert server.count("model") == 2
+
+
 async def test_caller_cancellation_propagates_and_caches_nothing(
     workspace: rc.LocalWorkspace, server: FakeOpenAI
 ) -> None:
