@@ -138,3 +138,38 @@ async def test_the_loop_gets_a_turn_after_every_slice() -> None:
     assert isinstance(node, RootObject)
     assert turns == len(spans[0].slices) > 10
     assert max(b - a for a, b in spans[0].slices) < 3 * 4000
+
+
+def _tiny_arrays(count: int) -> tuple[bytes, list[Span]]:
+    """A document of ``count`` one-item arrays, and a (forged) span for every one of them."""
+    members = [b'"%d":[0]' % i for i in range(count)]
+    data = b"{" + b",".join(members) + b"}"
+    spans, position = [], 1
+    for i, member in enumerate(members):
+        start = position + member.index(b"[")
+        spans.append(Span(str(i), start, start + 3, ((start + 1, start + 2),)))
+        position += len(member) + 1
+    return data, spans
+
+
+@pytest.mark.timeout(60)
+async def test_many_forged_spans_are_indexed_in_one_pass_over_the_document() -> None:
+    """100,000 spans (a forged row's layout, before its bytes are verified, on the loop).
+
+    Each placeholder used to be counted over the whole document: quadratic, 40,000 spans held
+    the event loop 20 s and these would take minutes (the bound is a hang detector only).
+    """
+    data, spans = _tiny_arrays(100_000)
+    node = await index(data, spans)
+    assert isinstance(node, RootObject)
+    assert len(node.members) == 100_000
+    for pointer in ("/0", "/77777", "/99999/0"):
+        assert part_of(node, pointer=pointer) == part_of(data, pointer=pointer)
+
+
+@pytest.mark.parametrize("inside", [b"[7355608000000000000]", b"[7355608000000000001]"])
+async def test_a_placeholder_lookalike_in_the_document_refuses_the_spans(inside: bytes) -> None:
+    """The spans stand only if their placeholders appear nowhere else: else a plain scan."""
+    data, spans = _tiny_arrays(2)
+    data = data[:-1] + b',"z":"' + inside + b'"}'
+    assert await index(data, spans) == data

@@ -16,7 +16,16 @@ import pytest
 
 import response_compaction as rc
 from response_compaction import _store
-from tests._store_support import TEST_KEY, compact, entry_path, hex_of, ref_of, store_root
+from tests._store_support import (
+    TEST_KEY,
+    FaultyBackend,
+    compact,
+    entry_path,
+    hex_of,
+    ref_of,
+    store_root,
+    with_backend,
+)
 from tests.schemas import Exact, Row, Summary
 
 pytestmark = pytest.mark.anyio
@@ -161,3 +170,27 @@ async def test_compacting_again_replaces_a_tampered_expiry(
     again = await compact(harness, A)
     assert again.receipt.exact_cache == "stored"
     assert await read(harness, A) == rc.Found(value=A)
+
+
+@pytest.mark.parametrize("stepwise", [False, True], ids=["own-backend", "injected-backend"])
+async def test_a_row_claiming_a_terabyte_reserves_no_memory_for_it(
+    harness: rc.Harness, stepwise: bool
+) -> None:
+    """The row's size bounds a read; the file's own size bounds what is reserved for it.
+
+    A terabyte reserved up front was a MemoryError out of the read (a mapping span steers
+    ``read_part`` past the size-bounded routes; an injected backend takes that read for all).
+    """
+    await compact(harness, A)
+    root = store_root(harness.fs)
+    mapping = msgspec.json.encode([["rows", 0, 1, [[1, 1]], [], "", True]])
+    with sqlite3.connect(root / "index.sqlite3") as conn:
+        conn.execute(
+            "UPDATE entries SET size = ?, layout = ? WHERE key = ?", (1 << 40, mapping, hex_of(A))
+        )
+    conn.close()
+    reader = with_backend(harness, FaultyBackend()) if stepwise else harness
+    assert await read(reader, A) == rc.Found(value=A)
+    part = await rc.response_compaction_read_part(reader, ref_of(A), pointer="/total")
+    assert isinstance(part, rc.Found)
+    assert part.value.value == 1

@@ -235,6 +235,9 @@ async def read_all(
     try:
         if limit < 0:
             return await file.read(-1)
+        # No more than the file holds, and a byte to tell it grew: ``limit`` may come from a
+        # forged index row, and a read reserves its size up front (2**40: a MemoryError).
+        limit = min(limit, (await backend.run(os.fstat, file.fileno())).st_size + 1)
         chunks: list[bytes] = []
         while limit > 0 and (chunk := await file.read(limit)):  # short reads: read on
             chunks.append(chunk)
