@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -40,8 +41,8 @@ async def test_a_call_runs_in_a_hop_thread_and_returns_or_raises() -> None:
         await current_backend().run(_fails)
 
 
-async def test_a_cancelled_caller_waits_for_its_call_then_is_cancelled() -> None:
-    """The call is never abandoned: its task resumes once it returned, and only then ends."""
+def _held_call() -> tuple[threading.Event, threading.Event, list[str], Callable[[], str]]:
+    """A call that says it started, waits for ``release``, then records that it returned."""
     started, release = threading.Event(), threading.Event()
     steps: list[str] = []
 
@@ -50,6 +51,13 @@ async def test_a_cancelled_caller_waits_for_its_call_then_is_cancelled() -> None
         release.wait(timeout=30)
         steps.append("call returned")
         return "done"
+
+    return started, release, steps, blocking
+
+
+async def test_a_cancelled_caller_waits_for_its_call_then_is_cancelled() -> None:
+    """The call is never abandoned: its task resumes once it returned, and only then ends."""
+    started, release, steps, blocking = _held_call()
 
     async def caller(scope: anyio.CancelScope) -> None:
         with scope:
@@ -75,14 +83,7 @@ async def test_a_cancelled_caller_waits_for_its_call_then_is_cancelled() -> None
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_native_cancellation_waits_for_the_call_then_is_raised() -> None:
     """``task.cancel()`` (``asyncio.timeout``, ``wait_for``) never abandons a running call."""
-    started, release = threading.Event(), threading.Event()
-    steps: list[str] = []
-
-    def blocking() -> str:
-        started.set()
-        release.wait(timeout=30)
-        steps.append("call returned")
-        return "done"
+    started, release, steps, blocking = _held_call()
 
     task = asyncio.ensure_future(run_in_thread(blocking))
     await anyio.to_thread.run_sync(started.wait, 30)

@@ -8,17 +8,16 @@ up by their Python names, also where a Struct renames them or the schema is pyda
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
-import openai
 import pytest
 
 import response_compaction as rc
 from response_compaction._options import resolve_options
 from tests.fake_openai import FakeOpenAI, Reply, fake_openai, summary_reply
+from tests.test_coverage import harness_for
 
 pydantic = pytest.importorskip("pydantic")
 
@@ -58,14 +57,6 @@ FOUND = ["ERR-0042"]
 def server() -> Iterator[FakeOpenAI]:
     with fake_openai() as fake:
         yield fake
-
-
-@asynccontextmanager
-async def harness_for(
-    workspace: rc.LocalWorkspace, server: FakeOpenAI, routes: list[str]
-) -> AsyncIterator[rc.Harness]:
-    async with openai.AsyncOpenAI(base_url=server.base_url, api_key="test") as client:
-        yield rc.Harness(fs=workspace, llm=rc.OpenAICatalog(client, {"main": routes}))
 
 
 async def compact(harness: rc.Harness, schema: Any, fallback: Any, **options: Any) -> Any:
