@@ -72,6 +72,8 @@ def ungrounded(summary: Any, fields: Sequence[str], haystacks: Sequence[bytes | 
     missing = 0
     for name in fields:
         value = summary.get(name) if isinstance(summary, dict) else getattr(summary, name, None)
+        if value is msgspec.UNSET:  # a field the reply left out: nothing to look for
+            continue
         for text in _strings(msgspec.to_builtins(value, enc_hook=plain_hook)):
             for ident in identifiers(text):
                 if not _occurs(ident, haystacks):

@@ -8,6 +8,7 @@ call under way, and a thread survives a waiter that went away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -85,7 +86,12 @@ async def test_a_native_cancellation_waits_for_the_call_then_is_raised() -> None
     """``task.cancel()`` (``asyncio.timeout``, ``wait_for``) never abandons a running call."""
     started, release, steps, blocking = _held_call()
 
-    task = asyncio.ensure_future(run_in_thread(blocking))
+    async def caller() -> None:
+        steps.append(await run_in_thread(blocking))  # what it made reaches its caller
+        await asyncio.sleep(0)  # the cancellation is delivered here
+        steps.append("went on after the cancellation")
+
+    task = asyncio.ensure_future(caller())
     await anyio.to_thread.run_sync(started.wait, 30)
     task.cancel()
     try:
@@ -98,7 +104,27 @@ async def test_a_native_cancellation_waits_for_the_call_then_is_raised() -> None
         release.set()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert steps == ["call returned"]
+    assert steps == ["call returned", "done"]
+    assert task.cancelling() == 2  # both cancellations counted, as asyncio.timeout reads them
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_asyncio_timeout_around_a_hop_call_is_a_timeout_error() -> None:
+    """The count asyncio.timeout keeps is left as it was: its own expiry becomes TimeoutError."""
+    started, release, steps, blocking = _held_call()
+
+    async def bounded() -> None:
+        async with asyncio.timeout(0) as timeout:  # expired at its first await
+            steps.append(await run_in_thread(blocking))
+            await asyncio.sleep(0)
+        assert timeout.expired()
+
+    task = asyncio.ensure_future(bounded())
+    await anyio.to_thread.run_sync(started.wait, 30)
+    release.set()
+    with pytest.raises(TimeoutError):
+        await task
+    assert steps == ["call returned", "done"]
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -125,6 +151,49 @@ async def test_a_native_cancellation_waits_for_an_aiofiles_write(tmp_path: Path)
         await file.close()
     finally:
         os.close(reader)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_native_cancellation_outlives_the_interrupted_call_s_failure(
+    tmp_path: Path,
+) -> None:
+    """The write fails once cancelled (its reader gone): the caller sees the failure, and is
+    still cancelled at its next await."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    file = await AiofilesBackend().open(str(fifo), "xb", lambda p, _: os.open(p, os.O_WRONLY))
+    _fill(file.fileno())  # full before the write: it moves no byte, so it fails, not short
+    steps: list[str] = []
+
+    async def caller() -> None:
+        try:
+            await file.write(b"x" * (4 << 20))
+        except BrokenPipeError:
+            steps.append("the write failed")
+        await asyncio.sleep(0)  # the cancellation is delivered here
+        steps.append("went on after the cancellation")
+
+    task = asyncio.ensure_future(caller())
+    for _ in range(20):
+        await checkpoint()
+    task.cancel()
+    for _ in range(20):
+        await checkpoint()
+    assert not task.done()
+    os.close(reader)  # the blocked write now fails with EPIPE
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == ["the write failed"]
+    await file.close()
+
+
+def _fill(fd: int) -> None:
+    os.set_blocking(fd, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(fd, b"x" * 65536)
+    os.set_blocking(fd, True)
 
 
 def _drain(fd: int, size: int) -> int:

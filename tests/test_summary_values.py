@@ -127,3 +127,19 @@ def test_the_wire_names_are_what_the_model_is_asked_for() -> None:
         "overview": "o",
         "errorCodes": [],
     }
+
+
+class Partial(msgspec.Struct, frozen=True):
+    overview: str
+    ids: list[str] | msgspec.UnsetType = msgspec.UNSET
+
+
+async def test_a_grounded_field_the_reply_left_out_has_nothing_to_check(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """An UNSET field is no identifier: the summary is taken, not a crash."""
+    server.script("a", summary_reply({"overview": "rows"}))
+    fallback = Partial(overview="fallback", ids=[])
+    async with harness_for(workspace, server, ["a"]) as harness:
+        compacted = await compact(harness, Partial, fallback, grounded=["ids"])
+    assert compacted.output.value == Partial(overview="rows")

@@ -9,6 +9,7 @@ eviction) is written once against :class:`FileBackend`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol, TypeVar
@@ -18,7 +19,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import sniffio
 
-from ._hop import run_in_thread
+from ._hop import cancel_again, run_in_thread
 
 __all__ = ["AsyncBinaryFile", "FileBackend", "Opener", "current_backend", "write_all"]
 
@@ -71,22 +72,22 @@ async def _run_to_completion(start: Callable[[], Awaitable[T]]) -> T:
 
 
 async def _unabandoned(start: Callable[[], Awaitable[T]]) -> T:
-    """``await start()`` in a task of its own, waited for through native cancellations."""
+    """``await start()`` in a task of its own, waited for through native cancellations.
+
+    A cancellation meanwhile is delivered at the caller's next await (``_hop.cancel_again``),
+    after its result or its error: a file opened is the caller's to close as it is cancelled.
+    """
     import asyncio  # aiofiles runs on asyncio only
 
+    task = asyncio.current_task()
+    before = task.cancelling() if task is not None else 0
     call = asyncio.ensure_future(start())
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            if call.done():  # the call itself was cancelled, not this task
-                raise
-            cancelled = True  # raised once the call has returned
-            continue
-        if cancelled:
-            raise asyncio.CancelledError
-        return result
+    while not call.done():
+        with contextlib.suppress(BaseException):  # a cancellation: waited on; its own: below
+            await asyncio.shield(call)
+    if task is not None and task.cancelling() > before:
+        cancel_again()
+    return call.result()
 
 
 class _AiofilesFile:

@@ -15,9 +15,10 @@ before the call starts and never while it runs: the task waits for it (a thread 
 stopped, and abandoning it would let it write on after the caller cleaned up: a medium put
 cancelled by ``asyncio.wait_for`` closed its temp file while a thread still wrote to the fd,
 and the next file the process opened got the rest of the value). anyio's cancellation is
-then delivered at the task's next checkpoint; a native ``task.cancel()`` on asyncio
-(``asyncio.timeout``, ``wait_for``) is raised once the call has returned. Any other anyio
-backend uses ``anyio.to_thread``.
+delivered at the task's next checkpoint, and so is a native ``task.cancel()`` on asyncio
+(``asyncio.timeout``, ``wait_for``): the call's result (an fd it opened...) reaches its caller,
+whose cleanup runs as the cancellation arrives. Any other anyio backend uses
+``anyio.to_thread``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ._aside import Aside
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["HOP_THREADS", "run_in_thread"]
+__all__ = ["HOP_THREADS", "cancel_again", "run_in_thread"]
 
 T = TypeVar("T")
 
@@ -77,8 +78,22 @@ async def _on_asyncio(call: Callable[[], T]) -> T:
             await woken[0]
         except asyncio.CancelledError:  # a foreign task.cancel(): the call is waited for too
             await _until_done(job, woken)
-            raise
-    return job.take()
+            cancel_again()
+    return job.take()  # what it made (an fd...) is the caller's to close as it is cancelled
+
+
+def cancel_again() -> None:
+    """Deliver the native cancellation just absorbed at this task's next await, as anyio does.
+
+    The cancel count is left as it was (``asyncio.timeout`` turns it into ``TimeoutError``
+    only if it is its own); a task that returns before awaiting again ends cancelled.
+    """
+    import asyncio
+
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+        task.cancel()
 
 
 async def _until_done(job: Aside[Any], woken: list[asyncio.Future[None]]) -> None:
