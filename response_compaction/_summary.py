@@ -122,9 +122,9 @@ async def summarize(
     becomes the leader (it reads the cache and runs the ladder), the others wait for it within
     their own ``timeout_ms`` and then read its summary from the cache as a ``hit`` (or take its
     fallback, with no attempts of their own). A follower whose budget ends first gets the
-    fallback with reason ``timeout``; one whose budget outlasts the leader's, when the leader's
-    ended its run, runs the ladder itself. Caller cancellation propagates; only the budget ends
-    in a fallback.
+    fallback with reason ``timeout``; one with half its budget left when the leader's budget
+    ended the leader's run runs the ladder itself. Caller cancellation propagates; only the
+    budget ends in a fallback.
     """
     deadline = anyio.current_time() + options.timeout_ms / 1000
     dialect = getattr(model, "schema_dialect", "strict")
@@ -138,7 +138,8 @@ async def summarize(
         if not flight.done.is_set():
             return SummaryOutcome(value=None, cache="none", reason="timeout")
         outcome = flight.outcome
-        if outcome is not None and outcome.value is None and not _own_budget_left(flight, deadline):
+        own = _own_budget_left(flight, deadline, options.timeout_ms / 1000)
+        if outcome is not None and outcome.value is None and not own:
             return SummaryOutcome(value=None, cache="none", reason=outcome.reason)
         # The leader stored a summary (read it as a hit), was cancelled, or ran out of a
         # budget shorter than ours: lead ourselves (or follow whoever leads now).
@@ -165,11 +166,15 @@ async def summarize(
         flight.done.set()
 
 
-def _own_budget_left(flight: _Flight, deadline: float) -> bool:
-    """Whether the leader's fallback came from its own budget ending, and ours is left."""
+def _own_budget_left(flight: _Flight, deadline: float, budget: float) -> bool:
+    """Whether the leader's fallback came from its own budget ending, and half of ours is left.
+
+    Half: callers of one budget a few ms apart each leading in turn with what little each had
+    left made one model call apiece, each cut off (4 callers 50 ms apart: 4 calls).
+    """
     now = anyio.current_time()
     reason = flight.outcome.reason if flight.outcome is not None else None
-    return reason == "timeout" and flight.deadline <= now < deadline
+    return reason == "timeout" and flight.deadline <= now and deadline - now >= budget / 2
 
 
 async def _keep(

@@ -470,6 +470,28 @@ async def test_a_leader_s_budget_ending_leaves_a_longer_budget_its_own_run(
     assert server.count("model") == 2
 
 
+async def test_callers_of_one_budget_share_the_leader_s_timeout(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """Followers with little of their budget left take the leader's timeout: one model call."""
+    server.script("model", Hang(), summary_reply(GOOD))
+    results: list[rc.Compacted[Any, Any]] = []
+    async with (
+        model_harness(workspace, server, {"main": ["model"]}) as harness,
+        anyio.create_task_group() as tg,
+    ):
+
+        async def one() -> None:
+            results.append(await compact(harness, timeout_ms=1000))
+
+        tg.start_soon(one)
+        await server.wait_arrived("model")
+        for _ in range(3):
+            tg.start_soon(one)
+    assert [r.receipt.fallback_reason for r in results] == ["timeout"] * 4
+    assert server.count("model") == 1
+
+
 async def test_caller_cancellation_propagates_and_caches_nothing(
     workspace: rc.LocalWorkspace, server: FakeOpenAI
 ) -> None:
