@@ -23,7 +23,13 @@ import anyio
 import pytest
 
 import response_compaction as rc
-from response_compaction._store._mounts import MOUNTINFO, fs_type, hangs_by_type, may_hang
+from response_compaction._store._mounts import (
+    MOUNTINFO,
+    fs_type,
+    hangs_by_type,
+    may_hang,
+    mount_of,
+)
 from tests._store_support import compact
 from tests.schemas import Exact, Row
 
@@ -63,6 +69,20 @@ def test_the_type_is_read_from_the_device_s_line(dev: tuple[int, int], kind: str
 
 
 @pytest.mark.parametrize(
+    ("mount_id", "found"),
+    [
+        (48, ("btrfs", os.makedev(0, 42))),  # a subvolume's files report other devices
+        (46, ("fuse", os.makedev(0, 40))),
+        (27, ("ext4", os.makedev(254, 0))),
+        (53, None),  # no separator
+        (99, None),
+    ],
+)
+def test_a_mount_is_found_by_its_id(mount_id: int, found: tuple[str, int] | None) -> None:
+    assert mount_of(TABLE, mount_id) == found
+
+
+@pytest.mark.parametrize(
     ("kind", "dev", "hangs"),
     [
         ("ext4", (254, 0), False),
@@ -91,14 +111,14 @@ def test_remote_userspace_and_unknown_anonymous_file_systems_may_hang(
 
 @pytest.mark.skipif(not os.path.exists(MOUNTINFO), reason="no mount table (not Linux)")
 def test_this_machine_s_mounts_are_classified() -> None:
-    assert may_hang(os.stat("/proc").st_dev)  # an anonymous device of no listed type
+    assert may_hang("/proc")  # an anonymous device of no listed type
     for path in ("/", os.path.dirname(os.path.abspath(__file__))):
         kind = fs_type(Path(MOUNTINFO).read_text(), os.stat(path).st_dev)
         if kind in {"ext4", "xfs", "btrfs", "tmpfs", "overlay"}:
-            assert not may_hang(os.stat(path).st_dev), kind
+            assert not may_hang(path), kind
     shm = Path("/dev", "shm")  # tmpfs where present
     if shm.is_dir() and fs_type(Path(MOUNTINFO).read_text(), shm.stat().st_dev) == "tmpfs":
-        assert not may_hang(shm.stat().st_dev)
+        assert not may_hang(str(shm))
 
 
 class Fuse:
@@ -188,7 +208,7 @@ async def test_a_stopped_fuse_daemon_stalls_the_calls_not_the_loop(fuse: Fuse) -
     workspace = fuse.path / "workspace"
     workspace.mkdir()
     harness = rc.Harness(fs=rc.LocalWorkspace(workspace), llm=None)
-    assert may_hang(os.stat(workspace).st_dev)
+    assert may_hang(str(workspace))
     ref = (await compact(harness, A)).receipt.exact_ref
     await compact(harness, A)  # as the fast paths would serve it: a cache hit
     results: dict[str, Any] = {}

@@ -8,8 +8,9 @@ daemon leaves such a call waiting for as long as it stalls, with every other tas
 loop. A store there takes the worker threads for everything (the call-by-call algorithm an
 injected file backend gets): slower, never a frozen loop.
 
-Classified once per root and device, in a worker thread, from ``/proc/self/mountinfo``: a
-known networked or userspace type may hang; otherwise a file system on a block device is
+Classified once per root and device, in a worker thread, from ``/proc/self/mountinfo`` (the
+line of the root's mount id, from ``/proc/self/fdinfo``): a known networked or userspace type
+may hang; otherwise a file system on a block device is
 local, as are the in-memory and volume-managing types whose devices are anonymous (tmpfs,
 btrfs, ZFS, overlay); any other anonymous device may hang. Where the table cannot be read
 (not Linux), the store is taken to be local, as it always was.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["MOUNTINFO", "fs_type", "hangs_by_type", "may_hang"]
+__all__ = ["MOUNTINFO", "fs_type", "hangs_by_type", "may_hang", "mount_of"]
 
 MOUNTINFO = "/proc/self/mountinfo"
 
@@ -35,14 +36,38 @@ _LOCAL_ANONYMOUS = frozenset({
 })  # fmt: skip
 
 
-def may_hang(dev: int) -> bool:
-    """Whether the file system of device ``dev`` (an ``st_dev``) may stall a call (blocking)."""
+def may_hang(path: str) -> bool:
+    """Whether the file system of directory ``path`` may stall a call (blocking).
+
+    Found by the mount id of an fd of ``path`` (``/proc/self/fdinfo``): a btrfs subvolume's
+    or an overlay's files report a device of their own, which no line of the table names.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dev = os.fstat(fd).st_dev
+        mount = _mount_id(fd)
+    finally:
+        os.close(fd)
     try:
         with open(MOUNTINFO, encoding="utf-8", errors="replace") as table:
-            kind = fs_type(table.read(), dev)
+            text = table.read()
     except OSError:
         return False  # no table (not Linux): as before there was one
-    return hangs_by_type(kind, dev)
+    found = None if mount is None else mount_of(text, mount)
+    if found is None:
+        return hangs_by_type(fs_type(text, dev), dev)
+    return hangs_by_type(*found)
+
+
+def _mount_id(fd: int) -> int | None:
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def hangs_by_type(kind: str | None, dev: int) -> bool:
@@ -52,6 +77,22 @@ def hangs_by_type(kind: str | None, dev: int) -> bool:
     if kind in _REMOTE or kind.startswith("fuse."):
         return True
     return os.major(dev) == 0 and kind not in _LOCAL_ANONYMOUS
+
+
+def mount_of(mountinfo: str, mount_id: int) -> tuple[str, int] | None:
+    """The type and device ``mountinfo`` gives mount ``mount_id`` (None: no such line)."""
+    wanted = str(mount_id)
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 7 or fields[0] != wanted:
+            continue
+        try:
+            kind = fields[fields.index("-", 6) + 1]
+            major, minor = (int(n) for n in fields[2].split(":"))
+        except (ValueError, IndexError):
+            return None
+        return (kind, os.makedev(major, minor)) if kind else None
+    return None
 
 
 def fs_type(mountinfo: str, dev: int) -> str | None:

@@ -47,7 +47,7 @@ async def prepared_root(backend: FileBackend, base: str) -> Root:
         args = (known.path, known.key, known.stamp)
         # On the loop: a few syscalls and no hop, unless that file system may stall.
         found = await backend.run(_known_key, *args) if known.may_hang else _known_key(*args)
-        if found is not None and found[1][0] == known.stamp[0]:  # the device classified
+        if found is not None:
             root = known._replace(key=found[0], stamp=found[1])
             _prepared[(PROCESS.pid, base)] = root
             return root
@@ -70,7 +70,7 @@ def key_stamp(root: str) -> Stamp:
 
 
 def _known_key(root: str, key: bytes, seen: Stamp) -> tuple[bytes, Stamp] | None:
-    """The key of a root prepared before, and its key file's stamp; None if removed.
+    """The key of a root prepared before, and its key file's stamp; None: prepare it again.
 
     The key file as it was when last read (same device, inode, size, owner, mode, times) is
     the same key; anything else is read and checked again.
@@ -79,6 +79,8 @@ def _known_key(root: str, key: bytes, seen: Stamp) -> tuple[bytes, Stamp] | None
         now = key_stamp(root)
         if now == seen:
             return key, now
+        if now[0] != seen[0]:  # another device (a mount over the root?): classified again
+            return None
         fresh = read_key(root)
     except FileNotFoundError:
         return None  # the key or the root was removed: made again
@@ -93,5 +95,4 @@ def _prepare(base: str) -> Root:
         stamp: Stamp | None = key_stamp(path)
     except OSError:
         stamp = None  # taken again on the next call
-    dev = stamp[0] if stamp is not None else os.lstat(path).st_dev
-    return Root(path, key, stamp, may_hang(dev))
+    return Root(path, key, stamp, may_hang(path))
