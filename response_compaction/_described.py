@@ -1,7 +1,9 @@
 """Schemas named by reference, so a verification worker can import them: ``list[pkg.mod.Row]``.
 
-Pure. A schema that cannot be named that way (defined in ``__main__`` or in a function, or a
-shape the description does not cover) has no description, and is verified in the caller.
+Pure. A schema that cannot be named that way (defined in ``__main__`` or in a function, made
+by a factory under a name that is another object's, or a shape the description does not
+cover) has no description, and is verified in the caller: a worker verifying against what
+the name imports there would check the bytes against another schema.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import operator
+import sys
 import types
 import typing
 from typing import Any
@@ -45,7 +48,17 @@ def describe(schema: Any) -> Any:
         return None
     if module == "__main__" or "<locals>" in qualname:
         return None  # the caller's main module is never imported by a worker
+    if _named(module, qualname) is not schema:
+        return None  # made by a factory (defstruct, create_model) or reloaded since
     return ["ref", module, qualname]
+
+
+def _named(module: str, qualname: str) -> Any:
+    """What ``module.qualname`` is in this process now (None if nothing)."""
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def resolve(description: Any) -> Any:

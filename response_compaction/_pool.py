@@ -27,6 +27,7 @@ see ``_store._partial``): they read it, check its keyed digest and send back onl
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import struct
@@ -84,7 +85,9 @@ class _Worker:
         self.sock, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and fixed entry
-                [sys.executable, "-c", _ENTRY],
+                # -P: not the working directory first on sys.path (a planted msgspec.py there
+                # was imported); PYTHONPATH holds what the caller can import (_spawn).
+                [sys.executable, "-P", "-c", _ENTRY],
                 stdin=theirs.fileno(),
                 stdout=theirs.fileno(),
                 env=env,
@@ -343,6 +346,10 @@ class Pool:
         if replace:
             self._spawn_soon()
 
+    def inherited(self) -> list[_Worker]:
+        """Every worker (for a forked child to let go of; the lock may be held by no one)."""
+        return list(self._all)
+
     def close(self) -> None:
         """Stop every worker: idle ones read end-of-file and exit; others are killed."""
         if os.getpid() != self._pid:
@@ -365,8 +372,14 @@ atexit.register(POOL.close)
 
 def _after_fork() -> None:
     global POOL
-    # The parent's workers and pipes are the parent's: a forked child starts its own.
+    # The parent's workers and pipes are the parent's: a forked child starts its own, and
+    # lets go of its copies of their sockets (held open, a worker the parent stops at its
+    # exit never read end-of-file: the parent's exit waited 2 s for each).
+    for worker in POOL.inherited():
+        with contextlib.suppress(OSError):
+            worker.sock.close()
     POOL = Pool()
+    atexit.register(POOL.close)
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -65,3 +65,34 @@ def test_a_child_forked_while_a_thread_held_the_locks_can_take_them() -> None:
         [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+_WORKERS_AFTER_FORK = """
+import os
+from response_compaction import _pool
+
+pool = _pool.POOL
+pool.start()
+assert pool.wait_ready(lambda idle: idle >= 1, 60)
+socks = [worker.sock for worker in pool.inherited()]
+child = os.fork()
+if child == 0:
+    # The parent's worker sockets are let go of (else its workers never read end-of-file
+    # when the parent stops them at exit), and the child has a pool of its own.
+    closed = all(sock.fileno() == -1 for sock in socks)
+    os._exit(0 if closed and _pool.POOL is not pool else 5)
+_, status = os.waitpid(child, 0)
+assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+assert all(sock.fileno() != -1 for sock in socks)  # the parent's own are untouched
+"""
+
+
+def test_a_forked_child_lets_go_of_the_parent_s_worker_sockets() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKERS_AFTER_FORK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

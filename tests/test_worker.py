@@ -131,6 +131,51 @@ def test_schemas_in_main_or_functions_are_verified_by_the_caller() -> None:
         _described.resolve(["ref", "__main__", "Main"])
 
 
+def test_a_factory_made_schema_under_another_object_s_name_is_verified_by_the_caller() -> None:
+    """``defstruct("Row", module=...)`` is not what that module's ``Row`` names: a worker
+    importing the name would check the bytes against the module's ``Row`` instead."""
+    impostor = msgspec.defstruct("Row", [("id", str)], module=Row.__module__)
+    assert (impostor.__module__, impostor.__qualname__) == (Row.__module__, Row.__qualname__)
+    assert _described.describe(impostor) is None
+    assert _described.describe(list[impostor]) is None  # type: ignore[valid-type]
+    assert _described.describe(Row) == ["ref", Row.__module__, "Row"]
+
+
+_PLANTED = """
+import pathlib
+pathlib.Path("imported-by").write_text("a process with its working directory on sys.path")
+raise ImportError("planted")
+"""
+
+_STARTS_WORKERS = """
+from response_compaction import _pool
+_pool.POOL.start()
+assert _pool.POOL.wait_ready(lambda idle: idle >= 1, 60), "no worker became ready"
+print("ready")
+"""
+
+
+def test_workers_never_import_from_the_working_directory(tmp_path: Path) -> None:
+    """A ``msgspec.py`` planted where the caller runs (an agent's project directory) is not
+    imported by the workers: the caller, a script elsewhere, never had that directory on its
+    path either."""
+    (tmp_path / "msgspec.py").write_text(_PLANTED)
+    script = tmp_path / "app" / "main.py"
+    script.parent.mkdir()
+    script.write_text(_STARTS_WORKERS)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=tmp_path,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "ready\n"), done.stderr
+    assert not (tmp_path / "imported-by").exists()
+
+
 # The same kind of script, reading a part of a large entry stored without a layout (a plain
 # dict under schema ``Any``): the part is cut by a pool worker, never by a process that
 # imports this script again.
