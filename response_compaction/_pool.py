@@ -7,18 +7,15 @@ file itself, checks its size and sha256 and decodes it against the schema, GC of
 
 The worker is the library's own module ``response_compaction._worker``, never the caller's
 ``__main__`` (``multiprocessing``-style workers re-import it: an unguarded
-``asyncio.run(main())`` then ran the caller's program a second time inside the worker). The
-schema travels as a description built from module-and-qualname references
-(``list[pkg.mod.Row] | None``, see ``_described``); a schema that cannot be described that
-way (defined in ``__main__`` or in a function, or a shape the description does not cover) is
-verified in the caller, never skipped. A worker that cannot load a schema says so, and the
-caller verifies.
+``asyncio.run(main())`` ran the caller's program again in the worker). The schema travels as
+module-and-qualname references (``list[pkg.mod.Row] | None``, ``_described``); one that
+cannot (in ``__main__``, a function, a factory) is verified in the caller, as is one a worker
+cannot load: never skipped.
 
-The pool has one worker per usable core, is started in the background when the first store
-of the process is opened (so it is warm before the first large value), is shared by every
-store and event loop of the process, and is shut down at interpreter exit. A call finding no
-idle worker may queue behind a busy one of its own event loop (``_verifiers``), or verify in
-the caller: the caller's core is one more worker.
+One worker per usable core, started in the background when the process opens its first
+store (warm before the first large value), shared by every store and loop, shut down at
+exit. A call finding no idle worker may queue behind a busy one of its own event loop
+(``_verifiers``), or verify in the caller: the caller's core is one more worker.
 
 Workers also cut a part of a large stored entry for ``read_part`` (request kind ``part``,
 see ``_store._partial``): they read it, check its keyed digest and send back only the part.
@@ -49,9 +46,6 @@ _ENCODE = msgspec.msgpack.Encoder().encode
 _DECODE = msgspec.msgpack.Decoder().decode
 
 
-# ----------------------------------------------------------------------------- framing
-
-
 def send(file: Any, payload: Any) -> None:
     data = _ENCODE(payload)
     file.write(_HEADER.pack(len(data)) + data)
@@ -69,9 +63,6 @@ def receive(file: Any) -> Any:
     return _DECODE(data)
 
 
-# ----------------------------------------------------------------------------- caller side
-
-
 class _Worker:
     """One worker process and our end of the socket pair that is its stdin and stdout.
 
@@ -85,8 +76,7 @@ class _Worker:
         self.sock, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and fixed entry
-                # -P: not the working directory first on sys.path (a planted msgspec.py there
-                # was imported); PYTHONPATH holds what the caller can import (_spawn).
+                # -P: no working directory first on sys.path (a planted msgspec.py was run)
                 [sys.executable, "-P", "-c", _ENTRY],
                 stdin=theirs.fileno(),
                 stdout=theirs.fileno(),
@@ -346,10 +336,6 @@ class Pool:
         if replace:
             self._spawn_soon()
 
-    def inherited(self) -> list[_Worker]:
-        """Every worker (for a forked child to let go of; the lock may be held by no one)."""
-        return list(self._all)
-
     def close(self) -> None:
         """Stop every worker: idle ones read end-of-file and exit; others are killed."""
         if os.getpid() != self._pid:
@@ -372,10 +358,9 @@ atexit.register(POOL.close)
 
 def _after_fork() -> None:
     global POOL
-    # The parent's workers and pipes are the parent's: a forked child starts its own, and
-    # lets go of its copies of their sockets (held open, a worker the parent stops at its
-    # exit never read end-of-file: the parent's exit waited 2 s for each).
-    for worker in POOL.inherited():
+    # The parent's workers are the parent's: a child starts its own and closes its copies of
+    # their sockets (held, a worker stopped at the parent's exit waited 2 s for end-of-file).
+    for worker in POOL._all:
         with contextlib.suppress(OSError):
             worker.sock.close()
     POOL = Pool()

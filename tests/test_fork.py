@@ -74,7 +74,7 @@ from response_compaction import _pool
 pool = _pool.POOL
 pool.start()
 assert pool.wait_ready(lambda idle: idle >= 1, 60)
-socks = [worker.sock for worker in pool.inherited()]
+socks = [worker.sock for worker in pool._all]
 child = os.fork()
 if child == 0:
     # The parent's worker sockets are let go of (else its workers never read end-of-file
