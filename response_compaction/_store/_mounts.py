@@ -10,10 +10,12 @@ injected file backend gets): slower, never a frozen loop.
 
 Classified once per root and device, in a worker thread, from ``/proc/self/mountinfo`` (the
 line of the root's mount id, from ``/proc/self/fdinfo``): a known networked or userspace type
-may hang; otherwise a file system on a block device is
-local, as are the in-memory and volume-managing types whose devices are anonymous (tmpfs,
-btrfs, ZFS, overlay); any other anonymous device may hang. Where the table cannot be read
-(not Linux), the store is taken to be local, as it always was.
+may hang; otherwise a file system on a block device is local, as are the in-memory and
+volume-managing types whose devices are anonymous (tmpfs, btrfs, ZFS, overlay); any other
+anonymous device may hang. Where the table cannot be read (not Linux), the store is taken to
+be local, as it always was. Overlay is taken as local whatever lies below it, and a mount
+that appears over a root already in use is noticed only by the key file's ``lstat`` on the
+loop, the one call that still goes there.
 """
 
 from __future__ import annotations
