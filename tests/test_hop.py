@@ -188,6 +188,35 @@ async def test_a_native_cancellation_outlives_the_interrupted_call_s_failure(
     await file.close()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("path", ["hop", "aiofiles"])
+async def test_a_pending_native_cancellation_arrives_after_the_call_with_its_message(
+    tmp_path: Path, path: str
+) -> None:
+    """A task that cancelled itself, then called: the call runs, its result is handed over,
+    and the cancellation (its message too) arrives at the next await, never lost."""
+    file = await AiofilesBackend().open(str(tmp_path / "f"), "xb", os.open)
+    steps: list[object] = []
+
+    async def caller() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel("why")
+        if path == "hop":
+            steps.append(await run_in_thread(divmod, 7, 2))
+        else:
+            steps.append(await file.write(b"abc"))
+        await asyncio.sleep(0)
+        steps.append("went on after the cancellation")
+
+    task = asyncio.ensure_future(caller())
+    with pytest.raises(asyncio.CancelledError) as cancelled:
+        await task
+    await file.close()
+    assert steps == [(3, 1) if path == "hop" else 3]
+    assert cancelled.value.args == ("why",)
+
+
 def _fill(fd: int) -> None:
     os.set_blocking(fd, False)
     with contextlib.suppress(BlockingIOError):

@@ -9,7 +9,6 @@ eviction) is written once against :class:`FileBackend`.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol, TypeVar
@@ -79,14 +78,18 @@ async def _unabandoned(start: Callable[[], Awaitable[T]]) -> T:
     """
     import asyncio  # aiofiles runs on asyncio only
 
-    task = asyncio.current_task()
-    before = task.cancelling() if task is not None else 0
     call = asyncio.ensure_future(start())
+    cancelled: asyncio.CancelledError | None = None
     while not call.done():
-        with contextlib.suppress(BaseException):  # a cancellation: waited on; its own: below
+        try:
             await asyncio.shield(call)
-    if task is not None and task.cancelling() > before:
-        cancel_again()
+        except asyncio.CancelledError as exc:
+            if not call.cancelled():  # this task's cancellation (a pending one too): absorbed
+                cancelled = exc
+        except Exception:  # noqa: S110 - the call's own error: raised by call.result() below
+            pass
+    if cancelled is not None:
+        cancel_again(cancelled)
     return call.result()
 
 

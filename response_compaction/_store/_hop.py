@@ -76,24 +76,25 @@ async def _on_asyncio(call: Callable[[], T]) -> T:
         job = Aside(call, pool="hop", then=wake, limit=HOP_THREADS)
         try:
             await woken[0]
-        except asyncio.CancelledError:  # a foreign task.cancel(): the call is waited for too
+        except asyncio.CancelledError as exc:  # a foreign task.cancel(): waited for too
             await _until_done(job, woken)
-            cancel_again()
+            cancel_again(exc)
     return job.take()  # what it made (an fd...) is the caller's to close as it is cancelled
 
 
-def cancel_again() -> None:
+def cancel_again(absorbed: BaseException) -> None:
     """Deliver the native cancellation just absorbed at this task's next await, as anyio does.
 
     The cancel count is left as it was (``asyncio.timeout`` turns it into ``TimeoutError``
-    only if it is its own); a task that returns before awaiting again ends cancelled.
+    only if it is its own), and so is its message; a task that returns before awaiting again
+    ends cancelled.
     """
     import asyncio
 
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
-        task.cancel()
+        task.cancel(absorbed.args[0] if absorbed.args else None)
 
 
 async def _until_done(job: Aside[Any], woken: list[asyncio.Future[None]]) -> None:

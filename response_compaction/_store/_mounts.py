@@ -21,6 +21,7 @@ loop, the one call that still goes there.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 __all__ = ["MOUNTINFO", "fs_type", "hangs_by_type", "may_hang", "mount_of"]
 
@@ -84,35 +85,39 @@ def hangs_by_type(kind: str | None, dev: int) -> bool:
 def mount_of(mountinfo: str, mount_id: int) -> tuple[str, int] | None:
     """The type and device ``mountinfo`` gives mount ``mount_id`` (None: no such line)."""
     wanted = str(mount_id)
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if len(fields) < 7 or fields[0] != wanted:
-            continue
-        try:
-            kind = fields[fields.index("-", 6) + 1]
-            major, minor = (int(n) for n in fields[2].split(":"))
-        except (ValueError, IndexError):
-            return None
-        return (kind, os.makedev(major, minor)) if kind else None
+    for ident, device, kind in _lines(mountinfo):
+        if ident == wanted:
+            try:
+                major, minor = (int(n) for n in device.split(":"))
+            except ValueError:
+                return None
+            return kind, os.makedev(major, minor)
     return None
 
 
 def fs_type(mountinfo: str, dev: int) -> str | None:
-    """The type ``mountinfo`` (the text of ``/proc/<pid>/mountinfo``) gives device ``dev``.
-
-    Each line: mount id, parent id, ``major:minor``, root, mount point, options, optional
-    fields, ``-``, type, source, super options. The last mount of the device wins (later
-    lines mount over earlier ones); a line that does not parse is skipped.
-    """
+    """The type ``mountinfo`` gives device ``dev``; the last mount of it wins (mounted over)."""
     wanted = f"{os.major(dev)}:{os.minor(dev)}"
     found: str | None = None
+    for _, device, kind in _lines(mountinfo):
+        if device == wanted:
+            found = kind
+    return found
+
+
+def _lines(mountinfo: str) -> Iterator[tuple[str, str, str]]:
+    """Mount id, ``major:minor`` and type of each line of ``mountinfo`` that parses.
+
+    Each line of ``/proc/<pid>/mountinfo``: mount id, parent id, ``major:minor``, root, mount
+    point, options, optional fields, ``-``, type, source, super options.
+    """
     for line in mountinfo.splitlines():
         fields = line.split(" ")
-        if len(fields) < 7 or fields[2] != wanted:
+        if len(fields) < 7:
             continue
         try:
             kind = fields[fields.index("-", 6) + 1]
         except (ValueError, IndexError):
             continue
-        found = kind or None
-    return found
+        if kind:
+            yield fields[0], fields[2], kind
