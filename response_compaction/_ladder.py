@@ -212,13 +212,13 @@ async def _one_prompt(run: _Run) -> FallbackReason:
                 if outcome == "ok":
                     return "error"  # unused: the value is set
                 reason = _reason(outcome)
-                if retried or not reply.context_overflow:
+                factor = reply.shrink if isinstance(reply.shrink, float) else 0.5
+                smaller = max(1024, int(budget * min(0.9, factor * 0.85)))  # == budget: floor
+                if retried or not reply.context_overflow or smaller >= budget:
                     break
                 if run.calls >= run.options.max_model_calls:
                     break
-                retried = True
-                factor = reply.shrink if isinstance(reply.shrink, float) else 0.5
-                budget = max(1024, int(budget * min(0.9, factor * 0.85)))
+                retried, budget = True, smaller
         if scope.cancelled_caught:
             reason = "timeout"
     return reason

@@ -364,6 +364,22 @@ async def test_a_second_overflow_moves_down_the_ladder(
     ]
 
 
+async def test_an_overflow_at_the_smallest_prompt_is_not_sent_again(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """Instructions that leave the smallest prompt: its retry would be the same request."""
+    overflow = Status(400, error={"type": "exceed_context_size_error"})
+    server.script("m", overflow)
+    server.script("big", summary_reply(GOOD))
+    async with harness_for(workspace, server, ["m", "big"]) as harness:
+        compacted = await compact(harness, search(5000), instructions="x" * 25_000)
+    assert [(a.route, a.outcome) for a in attempts(compacted.receipt)] == [
+        ("m", "error"),
+        ("big", "ok"),
+    ]
+    assert server.count("m") == 1
+
+
 async def test_context_tokens_size_the_prompt_per_route(
     workspace: rc.LocalWorkspace, server: FakeOpenAI
 ) -> None:
