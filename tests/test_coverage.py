@@ -348,36 +348,22 @@ async def test_context_overflow_gets_one_smaller_retry_on_the_same_rung(
     assert server.count("spare") == 0
 
 
+@pytest.mark.parametrize(("instructions", "retries"), [("", 1), ("x" * 25_000, 0)])
 async def test_a_second_overflow_moves_down_the_ladder(
-    workspace: rc.LocalWorkspace, server: FakeOpenAI
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, instructions: str, retries: int
 ) -> None:
-    """Only one smaller retry per rung: a second overflow goes to the next rung."""
+    """Only one smaller retry per rung: a second overflow goes to the next rung. Instructions
+    that leave the smallest prompt get none (it would be the very request refused)."""
     overflow = Status(400, error={"type": "exceed_context_size_error"})
     server.script("m", overflow)
     server.script("big", summary_reply(GOOD))
     async with harness_for(workspace, server, ["m", "big"]) as harness:
-        compacted = await compact(harness, search(5000))
+        compacted = await compact(harness, search(5000), instructions=instructions)
     assert [(a.route, a.outcome) for a in attempts(compacted.receipt)] == [
-        ("m", "error"),
-        ("m", "error"),
+        *[("m", "error")] * (1 + retries),
         ("big", "ok"),
     ]
-
-
-async def test_an_overflow_at_the_smallest_prompt_is_not_sent_again(
-    workspace: rc.LocalWorkspace, server: FakeOpenAI
-) -> None:
-    """Instructions that leave the smallest prompt: its retry would be the same request."""
-    overflow = Status(400, error={"type": "exceed_context_size_error"})
-    server.script("m", overflow)
-    server.script("big", summary_reply(GOOD))
-    async with harness_for(workspace, server, ["m", "big"]) as harness:
-        compacted = await compact(harness, search(5000), instructions="x" * 25_000)
-    assert [(a.route, a.outcome) for a in attempts(compacted.receipt)] == [
-        ("m", "error"),
-        ("big", "ok"),
-    ]
-    assert server.count("m") == 1
+    assert server.count("m") == 1 + retries
 
 
 async def test_context_tokens_size_the_prompt_per_route(
