@@ -47,6 +47,8 @@ async def prepared_root(backend: FileBackend, base: str) -> Root:
         args = (known.path, known.key, known.stamp)
         # On the loop: a few syscalls and no hop, unless that file system may stall.
         found = await backend.run(_known_key, *args) if known.may_hang else _known_key(*args)
+        if found == (known.key, known.stamp):
+            return known
         if found is not None:
             root = known._replace(key=found[0], stamp=found[1])
             _prepared[(PROCESS.pid, base)] = root

@@ -227,6 +227,10 @@ def check_trusted_digest(found: str, kind: Kind, key: str, recorded: str, secret
         raise ValueError("the bytes are not those sealed to this key")
 
 
+#: A read limit up to this much is reserved without looking at the file's size first.
+_RESERVE_UNLOOKED = 16 << 20
+
+
 async def read_all(
     backend: FileBackend, path: str, dir_fd: int | None = None, *, limit: int = -1
 ) -> bytes:
@@ -236,8 +240,10 @@ async def read_all(
         if limit < 0:
             return await file.read(-1)
         # No more than the file holds, and a byte to tell it grew: ``limit`` may come from a
-        # forged index row, and a read reserves its size up front (2**40: a MemoryError).
-        limit = min(limit, (await backend.run(os.fstat, file.fileno())).st_size + 1)
+        # forged index row, and a read reserves its size up front (2**40: a MemoryError). A
+        # small one reserves little: no hop to look.
+        if limit > _RESERVE_UNLOOKED:
+            limit = min(limit, (await backend.run(os.fstat, file.fileno())).st_size + 1)
         chunks: list[bytes] = []
         while limit > 0 and (chunk := await file.read(limit)):  # short reads: read on
             chunks.append(chunk)
