@@ -448,7 +448,9 @@ async def test_a_leader_s_budget_ending_leaves_a_longer_budget_its_own_run(
 ) -> None:
     """The leader's timeout_ms ends before the follower's: the follower asks the model itself.
 
-    Its receipt must not report a timeout that never happened to its own budget.
+    Its receipt must not report a timeout that never happened to its own budget. The leader
+    has 3 s, so its request arrives and the follower joins it before that ends even on a
+    loaded machine (with 300 ms, the leader once timed out before its request arrived).
     """
     server.script("model", Hang(), summary_reply(GOOD))
     leader: list[rc.Compacted[Any, Any]] = []
@@ -458,7 +460,7 @@ async def test_a_leader_s_budget_ending_leaves_a_longer_budget_its_own_run(
     ):
 
         async def lead() -> None:
-            leader.append(await compact(harness, timeout_ms=300))
+            leader.append(await compact(harness, timeout_ms=3000))
 
         tg.start_soon(lead)
         await server.wait_arrived("model")
