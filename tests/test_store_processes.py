@@ -120,6 +120,26 @@ async def _run_until_killed(ws: Path, backend: str, tag: str, lines: int) -> lis
     return done
 
 
+async def _unbacked_rows_are_unprinted_and_missing(
+    root: Path, harness: rc.Harness, printed: list[tuple[str, int]]
+) -> set[str]:
+    """Rows with no file: each a killed writer's put in flight (its row committed before its
+    rename, ``publish_recorded``), never a printed one, and each reads Missing."""
+    unbacked = index_rows(root) - entry_files(root)
+    assert len(unbacked) <= KILL_ROUNDS  # at most one put in flight per writer
+    last = {tag: max(index for t, index in printed if t == tag) for tag, _ in printed}
+    in_flight = {
+        hex_of(value): value
+        for tag, index in last.items()
+        for value in (loop_value(tag, later) for later in range(index + 1, index + 64))
+    }
+    for key in unbacked:
+        value = in_flight[key]  # KeyError: a row no put in flight could have left
+        read = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
+        assert read == rc.Missing()
+    return unbacked
+
+
 async def test_sigkill_mid_write_loses_nothing_completed(
     tmp_path: Path, anyio_backend: str
 ) -> None:
@@ -135,21 +155,23 @@ async def test_sigkill_mid_write_loses_nothing_completed(
     root = store_root(ws)
     left_behind = len(temp_files(root))
     _orphans_are_whole(root)
-    assert index_rows(root) <= entry_files(root)
-
     harness = rc.Harness(fs=rc.LocalWorkspace(ws), llm=None)
+    unbacked = await _unbacked_rows_are_unprinted_and_missing(root, harness, printed)
+
     for tag, index in printed:
         value = loop_value(tag, index)
         read = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
         assert read == rc.Found(value=value), (tag, index)
 
-    # Once the killed writers' temp files are old, prune sweeps them, and the files a writer
-    # renamed but never recorded (killed mid-commit) go too.
+    # Two hours later, prune sweeps the killed writers' temp files, the files a writer
+    # renamed but never recorded (killed mid-commit), and the rows a writer committed but
+    # never renamed a file for (``unbacked``: none, when no kill landed in that window).
     two_hours_ago = time.time() - 2 * 3600
     for name in temp_files(root):
         os.utime(root / "tmp" / name, (two_hours_ago, two_hours_ago))
-    store = await _store.open_store(rc.LocalWorkspace(ws))
-    await store.prune()
+    later = rc.LocalWorkspace(ws, clock=lambda: time.time() + 2 * 3600)
+    store = await _store.open_store(later)
+    assert await store.prune() >= left_behind + len(unbacked)
     assert temp_files(root) == []
     assert index_rows(root) == entry_files(root)
     assert all(report.state == "found" for report in await store.verify())

@@ -280,8 +280,11 @@ class Store(Medium):
         """Remove expired entries, and those beyond ``max_entries`` per kind.
 
         Also removes files no row names (left by a writer that died mid-commit, or by a small
-        put whose row was evicted before its rename and which did not unlink it) and
-        temporary files over an hour old. Returns how many files went.
+        put whose row was evicted before its rename and which did not unlink it), rows whose
+        file is absent and whose writer has recorded nothing for an hour (a small put that died
+        between its row's commit and its rename; a file removed by hand) and temporary files
+        over an hour old.
+        Returns how many entries and files went.
         """
         now = self.clock()
         async with self._using_index() as index:
