@@ -12,7 +12,8 @@ An embedded text resource counts as text: its text is compacted with the text bl
 What passes through unchanged: results at or under the threshold, error results
 (``isError``), JSON-RPC errors from the upstream server, images, audio and binary resources
 (a host shows those to its model as media, not as text), and results that cannot be
-retained exactly (logged as a warning).
+retained exactly, or not retained at all (the store failed, say a full disk: the upstream
+tool has run, and its result is worth more than an error), each logged as a warning.
 What changes: a tool's ``outputSchema`` is not listed, because a compacted result carries
 text in place of structured content and a host would reject it against the schema.
 
@@ -37,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from ._agent_text import MIN_TEXT_BYTES
 from ._compact import response_compact
 from ._options import resolve_options
 from ._refusals import decoded_or_text, is_refusal
@@ -75,8 +77,9 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
     and beside it (``{"content": ..., "structured_content": ...}``) when the text is not its
     serialization. An embedded text resource is text (its block becomes a link to its URI);
     other blocks stay in the reply. A result that cannot be retained
-    exactly (a lone surrogate, a NaN or nesting too deep in its structured content) is
-    passed on as it came, with a warning logged: the call still answers.
+    exactly (a lone surrogate, a NaN or nesting too deep in its structured content), or that
+    the store fails to retain (an ``OSError``), is passed on as it came, with a warning
+    logged: the call still answers.
     """
     types = _import_mcp("mcp.types")
     opts = resolve_options(config.options, config.summary_schema)
@@ -91,6 +94,8 @@ async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
         return result
     try:
         compacted = await _compacted(texts, result.structured_content, config, opts)
+    except OSError as exc:
+        return _passed_on(result, exc, "could not be stored")
     except (ValueError, RecursionError) as exc:
         if not _refusal(exc):
             raise  # the proxy's own configuration (a summary schema, a fallback function)
@@ -126,10 +131,14 @@ def _left_in_reply(types: Any, block: Any) -> Any:
     return None
 
 
-def _passed_on(result: Any, exc: BaseException) -> Any:
+def _passed_on(result: Any, exc: BaseException, why: str = "cannot be retained exactly") -> Any:
+    # The type and errno only: an exception's message may quote the result.
+    errno = getattr(exc, "errno", None)
     log.warning(
-        "proxy: a tool result is passed on uncompacted: it cannot be retained exactly (%s)",
+        "proxy: a tool result is passed on uncompacted: it %s (%s%s)",
+        why,
         type(exc).__name__,
+        f", errno {errno}" if isinstance(errno, int) else "",
     )
     return result
 
@@ -170,9 +179,21 @@ def _retained(texts: list[str], structured: Any, *, parse: bool) -> Any:
     text_value = values[0] if len(values) == 1 else values
     # MCP servers send structured content with its serialization as text (mcp's MCPServer
     # wraps a non-object return as {"result": text}): the text alone is then the whole value.
-    if structured is None or structured == text_value or structured == {"result": texts[0]}:
+    if structured is None or _same_json(structured, text_value):
+        return text_value
+    if structured == {"result": texts[0]}:
         return text_value
     return {"content": text_value, "structured_content": structured}
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same JSON, not only equal for Python (``True == 1.0``).
+
+    ``==`` first (cheap when unequal), then their sorted encodings.
+    """
+    if a != b:
+        return False
+    return msgspec.json.encode(a, order="sorted") == msgspec.json.encode(b, order="sorted")
 
 
 @contextlib.asynccontextmanager
@@ -184,6 +205,8 @@ async def open_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> 
     types = _import_mcp("mcp.types")
     lowlevel = _import_mcp("mcp.server.lowlevel")
     resolve_options(config.options, config.summary_schema)  # bad options: fail before starting
+    if config.text_bytes < MIN_TEXT_BYTES:  # not only once a large result has been stored
+        raise ValueError(f"text_bytes must be >= {MIN_TEXT_BYTES}")
     env = dict(os.environ if config.env is None else config.env)
     params = mcp.StdioServerParameters(command=command, args=list(args), env=env)
     reader_server = create_server(config.harness, max_bytes=config.max_bytes)

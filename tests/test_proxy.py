@@ -226,6 +226,48 @@ async def test_text_that_serializes_structured_content_is_stored_once(
     assert await stored_value(harness, out.content[0].text) == data
 
 
+async def test_structured_content_python_calls_equal_to_the_text_is_kept_beside_it(
+    harness: rc.Harness,
+) -> None:
+    """``True == 1 == 1.0`` in Python, not in JSON: structured content that differs from the
+    text only so is stored beside it, not dropped for the text's version."""
+    text = '{"approved": true, "amount": 1, "rows": ' + json_rows(2000) + "}"
+    data = {"approved": 1, "amount": 1.0, "rows": msgspec.json.decode(json_rows(2000))}
+    out = await compact_tool_result(text_result(text, structured=data), config(harness))
+    stored = await stored_value(harness, out.content[0].text)
+    assert stored == {"content": msgspec.json.decode(text), "structured_content": data}
+    assert type(stored["content"]["approved"]) is bool
+    assert type(stored["structured_content"]["approved"]) is int
+    assert type(stored["structured_content"]["amount"]) is float
+
+
+async def test_a_result_the_store_fails_to_retain_passes_through_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The upstream tool has run: a store that cannot be opened (its root is a file) leaves the
+    host its result as it came, not an internal error; the warning names no content."""
+    (tmp_path / "file").write_bytes(b"")
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path / "file"), llm=None)
+    result = text_result(MARKER * 200)
+    with caplog.at_level(logging.WARNING, logger="response_compaction"):
+        assert await compact_tool_result(result, config(harness)) is result
+    (message,) = [r.getMessage() for r in caplog.records if "uncompacted" in r.getMessage()]
+    assert "could not be stored" in message
+    assert MARKER not in caplog.text
+
+
+async def test_text_bytes_below_the_agent_text_floor_is_refused_before_starting(
+    harness: rc.Harness, tmp_path: Path
+) -> None:
+    """Not once a large result has been stored: every such call would then fail."""
+    started = tmp_path / "started"
+    cfg = config(harness, text_bytes=500)
+    with pytest.raises(ValueError, match="text_bytes must be >= 1024"):
+        async with open_proxy("sh", ["-c", f"touch {started}"], cfg):
+            pass
+    assert not started.exists()
+
+
 async def test_text_decoding_to_infinity_is_kept_as_text(harness: rc.Harness) -> None:
     """JSON that canonical form refuses (1e999) is retained as the text it was."""
     text = "[" + ",".join(["1e999"] * 400) + "]"
