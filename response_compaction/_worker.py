@@ -10,6 +10,7 @@ digest checks; see ``_store._partial``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -190,4 +191,8 @@ def _serve() -> None:
 
 if __name__ == "__main__":
     gc.disable()  # this process only decodes; decoded values hold no cycles
-    _serve()
+    # The caller went away (a forked child that started this worker and ended at once): its
+    # end of the socket is closed, and there is no one to tell; a traceback would only litter
+    # the caller's stderr.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        _serve()

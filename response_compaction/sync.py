@@ -15,7 +15,8 @@ move between event loops: use it either through this module or from your own eve
 not both. :func:`close` closes every model this module has run that has an ``aclose()``
 (``OpenAICatalog`` closes its client) and stops the loop; it also runs at interpreter exit, so
 a script that never calls it leaves no thread or socket behind. A later call starts a fresh
-loop.
+loop; one whose harness holds a model so closed raises ``RuntimeError`` (its summaries would
+all fail): give it a new model.
 
 Called from a thread that is running an event loop (asyncio or trio), these raise
 ``RuntimeError``: blocking there would freeze that loop, so await the coroutine instead.
@@ -36,7 +37,8 @@ from concurrent.futures import Future
 from contextlib import ExitStack
 from typing import Any, TypeVar, overload
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+import anyio
+from anyio.from_thread import BlockingPortal
 
 from . import _compact, _read
 from ._harness import Closable, HarnessLike
@@ -140,7 +142,8 @@ def close() -> None:
     ``concurrent.futures.CancelledError``). Runs by itself at interpreter exit, so a daemon
     thread blocked in a call cannot hang the exit; there the call's coroutine is cancelled
     (its cleanup runs) and the waiting thread is not woken (see ``_BackgroundLoop.call``).
-    Safe to call more than once; the next blocking call starts a new loop.
+    Safe to call more than once; the next blocking call starts a new loop, and raises
+    ``RuntimeError`` if its harness holds a model closed here.
     """
     _loop.close()
 
@@ -177,8 +180,9 @@ class _BackgroundLoop:
         self._lock = threading.Lock()
         self._stack: ExitStack | None = None
         self._portal: BlockingPortal | None = None
-        # Models bound to this loop, closed on it before it stops.
+        # Models bound to this loop, closed on it before it stops; and those closed so.
         self._models: weakref.WeakSet[Closable] = weakref.WeakSet()
+        self._closed: weakref.WeakSet[Closable] = weakref.WeakSet()
         self._exiting = threading.Event()
         self._atexit_registered = False
 
@@ -223,10 +227,17 @@ class _BackgroundLoop:
         self._exiting = threading.Event()
         self._stack = self._portal = None
         self._models = weakref.WeakSet()
+        self._closed = weakref.WeakSet()
 
     def _portal_for(self, harness: HarnessLike) -> BlockingPortal:
         model = getattr(harness, "llm", None)
         with self._lock:
+            if isinstance(model, Closable) and _among(model, self._closed):
+                # Run, it would fail every summary into the fallback, with no word of why.
+                raise RuntimeError(
+                    "this harness's model was closed by response_compaction.sync.close();"
+                    " give the harness a new one"
+                )
             if self._portal is None:
                 self._portal = self._start()
                 if not self._atexit_registered:
@@ -241,21 +252,54 @@ class _BackgroundLoop:
             return self._portal
 
     def _start(self) -> BlockingPortal:
-        with ExitStack() as stack:
-            portal = stack.enter_context(
-                start_blocking_portal(self._backend, name="response-compaction-sync")
-            )
-            # Unwound in reverse: close the models on the loop, then cancel what is still in
-            # flight, then leave the portal (which joins the loop thread).
-            stack.callback(portal.call, portal.stop, True)
-            stack.callback(self._close_models, portal)
-            self._stack = stack.pop_all()
+        portal, thread = _portal_thread(self._backend)
+        stack = ExitStack()
+        # Unwound in reverse: close the models on the loop, then cancel what is still in
+        # flight and stop the loop, then join its thread.
+        stack.callback(thread.join)
+        stack.callback(portal.call, portal.stop, True)
+        stack.callback(self._close_models, portal)
+        self._stack = stack
         return portal
 
     def _close_models(self, portal: BlockingPortal) -> None:
         models = list(self._models)
         self._models.clear()
+        self._closed.update(models)
         portal.call(_aclose_all, models)
+
+
+def _among(model: Closable, models: weakref.WeakSet[Closable]) -> bool:
+    try:
+        return model in models
+    except TypeError:  # unhashable: never added either
+        return False
+
+
+def _portal_thread(backend: str) -> tuple[BlockingPortal, threading.Thread]:
+    """A blocking portal on a new daemon thread's event loop, and that thread.
+
+    What anyio's ``start_blocking_portal`` does, without its context manager: that one's
+    generator, dropped in a forked child (``forget_after_fork``), was finalized there and
+    waited for the parent's loop thread, which the child does not have: the child hung.
+    """
+    ready: Future[BlockingPortal] = Future()
+
+    async def serve() -> None:
+        async with BlockingPortal() as portal:
+            ready.set_result(portal)
+            await portal.sleep_until_stopped()
+
+    def run() -> None:
+        try:
+            anyio.run(serve, backend=backend)
+        except BaseException as exc:  # handed to the thread that waits for the portal
+            if not ready.done():
+                ready.set_exception(exc)
+
+    thread = threading.Thread(target=run, name="response-compaction-sync", daemon=True)
+    thread.start()
+    return ready.result(), thread
 
 
 async def _aclose_all(models: list[Closable]) -> None:

@@ -153,9 +153,45 @@ def test_one_client_one_connection_across_calls(harness: rc.Harness) -> None:
         sync.close()
         assert client.is_closed()
         sync.close()  # a second close is harmless
+        # Its client closed, the model would fail every summary into the fallback unseen.
+        with pytest.raises(RuntimeError, match=r"closed by response_compaction\.sync\.close"):
+            sync.response_compact(model_harness, big_exact(99), Exact, Summary, OPTIONS)
     # The next call starts a fresh background loop.
     value = Exact(rows=[], total=0)
     assert sync.response_compact(harness, value, Exact, Summary, OPTIONS).output.value == value
+
+
+_FORK_AFTER_USE = """
+import os, sys
+import response_compaction as rc
+from response_compaction import sync
+from tests.schemas import FALLBACK, Exact, Row, Summary
+
+harness = rc.Harness(fs=rc.LocalWorkspace("ws"), llm=None)
+value = Exact(rows=[Row(id=1, name="a")], total=1)
+options = {"fallback": FALLBACK, "ladder": "cheap"}
+ref = sync.response_compact(harness, value, Exact, Summary, options).receipt.exact_ref
+for how in ("_exit", "exit"):
+    child = os.fork()
+    if child == 0:
+        # A loop of the child's own; it ends, either way, without the parent's loop thread.
+        found = sync.response_compaction_read_exact(harness, ref, Exact)
+        code = 0 if found == rc.Found(value=value) else 3
+        if how == "_exit":
+            os._exit(code)
+        sys.exit(code)
+    _, status = os.waitpid(child, 0)
+    print(how, os.waitstatus_to_exitcode(status), flush=True)  # not again by the next child
+print(sync.response_compaction_read_exact(harness, ref, Exact) == rc.Found(value=value))
+"""
+
+
+def test_a_process_forked_after_a_call_runs_and_ends_in_the_child(tmp_path: Path) -> None:
+    """The child of a fork after the facade ran (multiprocessing's fork, a prefork server)
+    calls it and exits; it hung at the fork, where the parent's loop was let go of."""
+    done = run_script(_FORK_AFTER_USE, tmp_path)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.split("\n") == ["_exit 0", "exit 0", "True", ""]
 
 
 def test_nothing_left_behind_at_interpreter_exit(tmp_path: Path) -> None:
