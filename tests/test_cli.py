@@ -187,6 +187,28 @@ def test_compact_large_without_a_model_returns_the_fallback(tmp_path: Path) -> N
     assert "\r" not in stderr  # no progress line when stderr is not a terminal
 
 
+@pytest.mark.parametrize(
+    ("overview", "code"), [("MY FALLBACK", 0), ("o" * 201, 1)], ids=["fits", "too long"]
+)
+def test_a_fallback_of_one_s_own_is_kept_for_a_server_that_is_not_openai(
+    tmp_path: Path, overview: str, code: int
+) -> None:
+    """The default summary is asked for with bounds from a server not OpenAI's, and the
+    user's --fallback, converted to it, was replaced by the default one; one that breaks the
+    bounds is a usage error, not silently another fallback."""
+    source = tmp_path / "big.json"
+    source.write_text(json.dumps(big_document()))
+    fallback = json.dumps({"overview": overview, "critical_facts": ["a"]})
+    env = clean_env(OPENAI_BASE_URL="http://127.0.0.1:9/v1")
+    done = cli("compact", source, "--root", tmp_path, "--above", "10", "--fallback", fallback,
+               env=env)  # fmt: skip
+    assert done.returncode == code, done.stderr.decode()
+    if code == 0:
+        assert json.loads(done.stdout)["output"]["value"]["overview"] == "MY FALLBACK"
+    else:
+        assert "--fallback must fit" in done.stderr.decode()
+
+
 def test_compact_with_a_model_and_custom_schemas(tmp_path: Path) -> None:
     """With OPENAI_BASE_URL and --model set, large input is summarized by that model."""
     fallback = json.dumps({"overview": "kept", "critical_facts": []})
@@ -413,6 +435,28 @@ def test_prune_removes_entries_beyond_the_bound(tmp_path: Path) -> None:
     harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
     states = [sync.response_compaction_read_exact(harness, ref, Any).state for ref in refs]
     assert states == ["missing", "missing", "found"]
+
+
+@pytest.mark.parametrize(("command", "code"), [("verify", 1), ("prune", 1), ("read", 3)], ids=str)
+def test_a_root_with_no_store_is_said_and_not_made(tmp_path: Path, command: str, code: int) -> None:
+    """A mistyped --root: verify and prune fail (an empty verify passed a check run against
+    the wrong path), read says missing; none of them creates the directories."""
+    root = tmp_path / "typo" / "deeper"
+    args = ["rc1:" + "0" * 64] if command == "read" else []
+    done = cli(command, *args, "--root", root)
+    assert done.returncode == code, done.stderr.decode()
+    assert f"no store at {root}".encode() in done.stderr
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_bound_of_no_entries_is_a_usage_error(tmp_path: Path) -> None:
+    """``--max-entries 0`` emptied the store under prune (the library refuses a bound of 0)."""
+    store_in_process(tmp_path, {"n": 1})
+    for command in (["prune"], ["compact", "-"]):
+        done = cli(*command, "--root", tmp_path, "--max-entries", "0", stdin=b"{}")
+        assert done.returncode == 2, done.stderr.decode()
+        assert b"must be at least 1" in done.stderr
+    assert json.loads(cli("verify", "--root", tmp_path).stdout)["found"] == 1
 
 
 def test_bad_input_and_bad_usage(tmp_path: Path) -> None:

@@ -21,7 +21,9 @@ from .._models import Broken, CompactionOptions, Found, Missing, Receipt
 from .._part import Part
 from .._pydantic import plain_hook
 from .._read import response_compaction_read_part
+from .._refs import MalformedRefError, parse_exact_ref
 from .._store import open_store
+from .._store._paths import ROOT_NAME
 from ._model import DEFAULT_FALLBACK, DefaultSummary, ModelConfig, summary_for
 
 __all__ = (
@@ -163,7 +165,25 @@ def _note_failures(receipt: Receipt) -> None:
         note(f"the fallback was returned: {reason}")
 
 
-async def _read(args: argparse.Namespace) -> int:
+def _no_store(args: argparse.Namespace) -> bool:
+    """Whether ``--root`` holds no store, said on stderr.
+
+    ``verify``, ``read`` and ``prune`` do not make one: a mistyped root passed ``verify``
+    empty, and was created as a side effect.
+    """
+    if os.path.isdir(os.path.join(args.root, ROOT_NAME)):
+        return False
+    note(f"no store at {args.root}")
+    return True
+
+
+async def _read_result(args: argparse.Namespace) -> Found[Any] | Missing | Broken:
+    try:
+        parse_exact_ref(args.ref)  # broken as it is wherever it is read
+    except MalformedRefError as exc:
+        return Broken(detail=str(exc))
+    if _no_store(args):
+        return Missing()
     whole = all(option is None for option in (args.pointer, args.start, args.stop, args.max_bytes))
     result: Found[Any] | Missing | Broken = Found(value=None)
     if whole or args.schema is not Any:
@@ -178,6 +198,11 @@ async def _read(args: argparse.Namespace) -> int:
             stop=args.stop,
             max_bytes=65536 if args.max_bytes is None else args.max_bytes,
         )
+    return result
+
+
+async def _read(args: argparse.Namespace) -> int:
+    result = await _read_result(args)
     if isinstance(result, Found):
         if isinstance(result.value, Part):
             # The part's fields, its value once (not again as a JSON string).
@@ -196,6 +221,8 @@ async def _read(args: argparse.Namespace) -> int:
 
 
 async def _verify(args: argparse.Namespace) -> int:
+    if _no_store(args):
+        return EXIT_ERROR
     store = await open_store(LocalWorkspace(args.root))
     reports = await store.verify()
     counts = dict.fromkeys(("found", "expired", "missing", "broken"), 0)
@@ -221,6 +248,8 @@ def _disk_usage(root: str) -> int:
 
 
 async def _prune(args: argparse.Namespace) -> int:
+    if _no_store(args):
+        return EXIT_ERROR
     store = await open_store(LocalWorkspace(args.root))
     before = await anyio.to_thread.run_sync(_disk_usage, store.root)
     removed = 0

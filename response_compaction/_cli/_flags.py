@@ -6,7 +6,7 @@ import argparse
 
 from ._commands import DEFAULTS
 
-__all__ = ("add_budget_options", "positive")
+__all__ = ("add_budget_options", "at_least_one", "positive")
 
 
 def positive(text: str) -> int:
@@ -16,6 +16,13 @@ def positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
+
+
+def at_least_one(text: str) -> int:
+    value = positive(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
     return value
 
 
@@ -35,7 +42,7 @@ def add_budget_options(compact: argparse.ArgumentParser) -> None:
     compact.add_argument(
         "--max-entries",
         metavar="N",
-        type=positive,
+        type=at_least_one,
         help=f"LRU bound of the store (default: {DEFAULTS['max_entries']})",
     )
     compact.add_argument(

@@ -57,9 +57,18 @@ GRAMMAR_FALLBACK = GrammarSummary(overview=_RETAINED, critical_facts=[])
 
 
 def summary_for(schema: Any, fallback: Any, dialect: str) -> tuple[Any, Any]:
-    """The summary schema and fallback to ask for: the default one bounded under "full"."""
+    """The summary schema and fallback to ask for: the default one bounded under "full".
+
+    A ``--fallback`` of the user's own is kept (as the bounded schema's value): it was
+    replaced by the default one whenever the server was not OpenAI's.
+    """
     if schema is DefaultSummary and dialect == "full":
-        return GrammarSummary, GRAMMAR_FALLBACK
+        if fallback is DEFAULT_FALLBACK:
+            return GrammarSummary, GRAMMAR_FALLBACK
+        try:
+            return GrammarSummary, msgspec.convert(msgspec.to_builtins(fallback), GrammarSummary)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"--fallback must fit the bounded summary schema: {exc}") from None
     return schema, fallback
 
 

@@ -12,7 +12,7 @@ import msgspec
 
 from .. import __version__
 from ._commands import DEFAULTS, EXIT_USAGE, MAX_INPUT_BYTES, DefaultSummary, default_root
-from ._flags import add_budget_options, positive
+from ._flags import add_budget_options, at_least_one, positive
 
 __all__ = ("build_parser", "load_type")
 
@@ -324,7 +324,7 @@ def _add_verify_and_prune(sub: _Sub, root: _Parser) -> None:
     prune.add_argument(
         "--max-entries",
         metavar="N",
-        type=positive,
+        type=at_least_one,
         default=DEFAULTS["max_entries"],
         help="keep at most N live entries of each kind (default: %(default)s)",
     )
