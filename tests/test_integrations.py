@@ -253,6 +253,39 @@ async def test_langchain_async_tool(compactor: Compactor) -> None:
     check_answer(*langchain_texts(state))
 
 
+@asyncio_only
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_langchain_content_and_artifact_compacts_the_content_only(
+    compactor: Compactor, kind: str
+) -> None:
+    """A tool returning (content, artifact): the content compacted, the artifact (kept from
+    the model by LangChain) as it came; the wrapper returned text where a pair was needed."""
+    pytest.importorskip("langchain_core")
+    from langchain_core.messages import ToolMessage
+
+    from response_compaction.integrations.langchain import compacted_tool
+
+    artifact = object()
+
+    def pair() -> tuple[dict[str, Any], object]:
+        return records(3000), artifact
+
+    async def pair_async() -> tuple[dict[str, Any], object]:
+        return pair()
+
+    fn = pair_async if kind == "async" else pair
+    fn.__doc__ = "Every record, and a handle."
+    built = compacted_tool(compactor, fn, response_format="content_and_artifact")
+    call = {"name": built.name, "args": {}, "id": "call-1", "type": "tool_call"}
+    message = await (built.ainvoke(call) if kind == "async" else anyio.to_thread.run_sync(
+        built.invoke, call))  # fmt: skip
+    assert isinstance(message, ToolMessage)
+    assert message.artifact is artifact
+    assert isinstance(message.content, str)
+    assert "exact_ref: rc1:" in message.content
+    assert len(message.content.encode()) <= 16000
+
+
 def test_langchain_middleware_on_a_sync_agent(compactor: Compactor) -> None:
     """LangChain middleware on a sync agent (invoke): every large result compacted, read back."""
     pytest.importorskip("langchain")

@@ -25,6 +25,8 @@ which LangChain runs in worker threads, compact through the blocking facade.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, overload
 
@@ -59,14 +61,42 @@ def compacted_tool(
     """``langchain_core.tools.tool`` over ``func``, its result compacted by ``compactor``.
 
     Use as ``@compacted_tool(compactor)`` or ``compacted_tool(compactor, func)``; other keyword
-    arguments go to ``tool`` (``description``, ``parse_docstring``, ...).
+    arguments go to ``tool`` (``description``, ``parse_docstring``, ...). With
+    ``response_format="content_and_artifact"`` the content of the ``(content, artifact)`` a
+    tool returns is compacted and the artifact, which LangChain keeps from the model, passed
+    on as it came.
     """
+    both = tool_options.get("response_format") == "content_and_artifact"
 
     def build(fn: Callable[..., Any]) -> BaseTool:
-        built: BaseTool = tool(compactor.wrap(fn), **tool_options)
+        built: BaseTool = tool(_content_compacted(compactor, fn) if both else compactor.wrap(fn),
+                               **tool_options)  # fmt: skip
         return built
 
     return build if func is None else build(func)
+
+
+def _content_compacted(compactor: Compactor, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, which returns ``(content, artifact)``, with its content compacted."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(*args: Any, **kwargs: Any) -> tuple[str, Any]:
+            content, artifact = await fn(*args, **kwargs)
+            return await compactor.compact(content), artifact
+
+        wrapper: Callable[..., Any] = run_async
+    else:
+
+        @functools.wraps(fn)
+        def run_sync(*args: Any, **kwargs: Any) -> tuple[str, Any]:
+            content, artifact = fn(*args, **kwargs)
+            return compactor.compact_sync(content), artifact
+
+        wrapper = run_sync
+    # wraps() shares the annotations dict: give the wrapper its own.
+    wrapper.__annotations__ = {**getattr(fn, "__annotations__", {}), "return": tuple[str, Any]}
+    return wrapper
 
 
 def read_exact_tool(compactor: Compactor) -> BaseTool:
