@@ -210,7 +210,10 @@ async def open_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> 
     env = dict(os.environ if config.env is None else config.env)
     params = mcp.StdioServerParameters(command=command, args=list(args), env=env)
     reader_server = create_server(config.harness, max_bytes=config.max_bytes)
-    async with mcp.Client(params) as upstream, mcp.Client(reader_server) as reader:
+    async with (
+        _started(mcp.Client(params), command) as upstream,
+        mcp.Client(reader_server) as reader,
+    ):
         clash = config.read_tool in await _tool_names(upstream)
         if not clash:
             yield await _server(types, lowlevel, upstream, reader, config)
@@ -219,6 +222,25 @@ async def open_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> 
             f"the upstream server has a tool named {config.read_tool!r} too: give the"
             " proxy's read tool another name (--read-tool)"
         )
+
+
+@contextlib.asynccontextmanager
+async def _started(client: Any, command: str) -> AsyncIterator[Any]:
+    """``client`` entered; an upstream that ends before it has answered ``initialize`` fails.
+
+    As one ``ConnectionError`` naming the command, not the 90-line group of the SDK's tasks.
+    """
+    entered = False
+    try:
+        async with client as upstream:
+            entered = True
+            yield upstream
+    except ExceptionGroup:
+        if entered:
+            raise
+        raise ConnectionError(
+            f"the upstream server {command!r} ended or failed before it answered initialize"
+        ) from None
 
 
 async def _server(

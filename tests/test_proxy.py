@@ -256,6 +256,16 @@ async def test_a_result_the_store_fails_to_retain_passes_through_with_a_warning(
     assert MARKER not in caplog.text
 
 
+@pytest.mark.parametrize("script", ["exit 0", "echo hello", "exit 3"])
+async def test_an_upstream_that_ends_before_initialize_is_one_error(
+    harness: rc.Harness, script: str
+) -> None:
+    """Not the SDK's group of task errors (a 90-line traceback from the CLI)."""
+    with pytest.raises(ConnectionError, match="'sh' ended or failed before it answered"):
+        async with open_proxy("sh", ["-c", script], config(harness)):
+            pass
+
+
 async def test_text_bytes_below_the_agent_text_floor_is_refused_before_starting(
     harness: rc.Harness, tmp_path: Path
 ) -> None:
