@@ -56,7 +56,10 @@ class ProxyConfig:
     ``options`` is a :class:`CompactionOptions` or a mapping (``summarize_above_bytes`` is the
     threshold); ``summary_schema`` is what a model summary must fill in. ``text_bytes`` bounds
     the text the host's model sees for a compacted result; ``max_bytes`` caps every
-    ``read_exact`` reply.
+    ``read_exact`` reply. ``env`` is the upstream's whole environment; left out, it is this
+    process's without the variables that configure the proxy's own model (``OPENAI_*``,
+    ``RESPONSE_COMPACTION_*``: the summarizer's API key is no business of a third-party
+    server) except those named in ``pass_env``.
     """
 
     harness: Any
@@ -66,6 +69,20 @@ class ProxyConfig:
     text_bytes: int = 16000
     max_bytes: int = 100_000
     env: Mapping[str, str] | None = field(default=None)
+    pass_env: Sequence[str] = ()
+
+
+#: Prefixes of the variables that configure the proxy's own model and store.
+_OWN_PREFIXES = ("OPENAI_", "RESPONSE_COMPACTION_")
+
+
+def _upstream_env(environ: Mapping[str, str], passed: Sequence[str] = ()) -> dict[str, str]:
+    """``environ`` without the proxy's own variables, but for those named in ``passed``."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name in passed or not name.upper().startswith(_OWN_PREFIXES)
+    }
 
 
 async def compact_tool_result(result: Any, config: ProxyConfig) -> Any:
@@ -207,7 +224,7 @@ async def open_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> 
     resolve_options(config.options, config.summary_schema)  # bad options: fail before starting
     if config.text_bytes < MIN_TEXT_BYTES:  # not only once a large result has been stored
         raise ValueError(f"text_bytes must be >= {MIN_TEXT_BYTES}")
-    env = dict(os.environ if config.env is None else config.env)
+    env = _upstream_env(os.environ, config.pass_env) if config.env is None else dict(config.env)
     params = mcp.StdioServerParameters(command=command, args=list(args), env=env)
     reader_server = create_server(config.harness, max_bytes=config.max_bytes)
     async with (

@@ -62,6 +62,12 @@ def rpc_error() -> str:
     raise MCPError(-32042, "upstream protocol error")
 
 
+@server.tool()
+def env_names() -> list[str]:
+    """The names of this server's environment variables that the proxy may withhold."""
+    return sorted(n for n in os.environ if n.startswith(("OPENAI_", "RESPONSE_COMP", "GIVEN_")))
+
+
 if os.environ.get("UPSTREAM_READ_EXACT"):
 
     @server.tool(name="read_exact")

@@ -131,6 +131,23 @@ async def test_small_results_and_errors_pass_through_unchanged(tmp_path: Path) -
     assert entry_files(store_root(tmp_path)) == set()
 
 
+async def test_the_proxy_s_own_model_variables_are_withheld_from_the_upstream(
+    tmp_path: Path,
+) -> None:
+    """The summarizer's API key reached every upstream server (a third party's code); the
+    variables configuring the proxy's own model and store are withheld unless --pass-env
+    names one, and everything else (the upstream's own token) passes on."""
+    env = {
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "RESPONSE_COMPACTION_MODEL": "m",
+        "GIVEN_TOKEN": "t",
+    }
+    async with proxied(tmp_path, "--pass-env", "OPENAI_BASE_URL", **env) as client:
+        result = await client.call_tool("env_names", {})
+    assert result.structured_content == {"result": ["GIVEN_TOKEN", "OPENAI_BASE_URL"]}
+
+
 async def test_an_upstream_tool_named_like_the_read_tool(tmp_path: Path) -> None:
     """An upstream tool called read_exact stops the proxy before it serves (its tool would
     be shadowed); with --read-tool the proxy's own is named otherwise and both work."""

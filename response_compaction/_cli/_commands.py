@@ -293,6 +293,7 @@ async def _proxy(args: argparse.Namespace) -> int:
             read_tool=args.read_tool,
             max_bytes=args.max_bytes,
             text_bytes=args.text_bytes,
+            pass_env=tuple(args.pass_env),
         )
         await serve_proxy(args.upstream[0], args.upstream[1:], config)
     return EXIT_OK

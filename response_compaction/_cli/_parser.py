@@ -292,6 +292,14 @@ def _add_proxy(sub: _Sub, parents: list[_Parser]) -> None:
         help="cap on the text that replaces a compacted result (default: %(default)s)",
     )
     proxy.add_argument(
+        "--pass-env",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="hand this variable on to CMD too: those configuring the proxy's own model and"
+        " store (OPENAI_*, RESPONSE_COMPACTION_*) are withheld from it (repeatable)",
+    )
+    proxy.add_argument(
         "--read-tool",
         metavar="NAME",
         default="read_exact",
