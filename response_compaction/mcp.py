@@ -18,9 +18,10 @@ A found part answers with a header line and the part's JSON as text, and
 ``{"state": "found", "part": {...}}`` as structured content (the :class:`Part` fields, with
 ``value`` and not ``json``; ``value_omitted: true`` in place of a ``value`` that nests more
 than :data:`STRUCTURED_DEPTH` levels); ``{"state": "missing"}`` and ``{"state": "broken",
-"detail"}`` as before. A malformed pointer or a pointer that names nothing is a tool error. Text and
-structured content together never exceed ``max_bytes``. ``response-compaction mcp`` serves a
-server with only this tool on stdio (:func:`serve_stdio`).
+"detail"}`` as before. A malformed pointer or a pointer that names nothing is a tool error.
+Text (as the JSON string it travels as) and structured content together never exceed
+``max_bytes``. ``response-compaction mcp`` serves a server with only this tool on stdio
+(:func:`serve_stdio`).
 
 The ``mcp`` SDK is imported only when a server is built, so the core install works without it.
 """
@@ -61,6 +62,8 @@ STRUCTURED_DEPTH = 100
 DEFAULT_MAX_BYTES = 100_000
 #: Room kept in a reply for everything but the part's JSON (twice: text and structured).
 _REPLY_OVERHEAD = 1024
+#: Smaller reads at most, for a reply whose escaped text overshot the cap.
+_SHRINKS = 4
 
 READ_EXACT_DESCRIPTION = (
     "Read the exact JSON value behind an exact_ref (a string like 'rc1:' + 64 hex characters) "
@@ -210,12 +213,30 @@ async def _answer(
             checked = await response_compaction_read_exact(harness, exact_ref, exact_schema)
             if not isinstance(checked, Found):
                 return _reply(types, checked)
-        result = await response_compaction_read_part(
-            harness, exact_ref, pointer=pointer, start=start, stop=stop, max_bytes=limit
+        read = functools.partial(
+            response_compaction_read_part, harness, exact_ref, pointer=pointer, start=start
         )
+        result = await read(stop=stop, max_bytes=limit)
+        reply = _reply(types, result)
+        # The text travels as a JSON string: each quote, backslash or control character of the
+        # part's JSON is escaped once more (a part of quotes took 1.5x the cap). Smaller
+        # parts until it fits; a part of MIN_MAX_BYTES always does.
+        for _ in range(_SHRINKS):
+            over = _carried_bytes(reply) - 2 * part_cap
+            if over <= 0 or not isinstance(result, Found) or limit <= MIN_MAX_BYTES:
+                break
+            limit = max(MIN_MAX_BYTES, limit - over)
+            result = await read(stop=stop, max_bytes=limit)
+            reply = _reply(types, result)
     except (ValueError, LookupError) as exc:
         return _error(types, str(exc))
-    return _reply(types, result)
+    return reply
+
+
+def _carried_bytes(reply: Any) -> int:
+    """A reply's text as the JSON string it travels as, plus its structured content's JSON."""
+    text = sum(len(msgspec.json.encode(block.text)) for block in reply.content)
+    return text + len(msgspec.json.encode(reply.structured_content))
 
 
 def _error(types: Any, message: str) -> Any:

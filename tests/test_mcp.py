@@ -154,9 +154,33 @@ def test_missing_extra_gives_a_clear_error(
 
 
 def reply_bytes(result: Any) -> int:
-    """Text and structured content of one reply, as UTF-8 JSON."""
-    text = sum(len(block.text.encode()) for block in result.content)
+    """Text and structured content of one reply, as the UTF-8 JSON the reply carries them in
+    (the text a JSON string: its quotes and backslashes escaped)."""
+    text = sum(len(msgspec.json.encode(block.text)) for block in result.content)
     return text + len(msgspec.json.encode(result.structured_content))
+
+
+@pytest.mark.parametrize(
+    "char", ['"', "\\", "\n", "\x01"], ids=["quote", "backslash", "newline", "control"]
+)
+async def test_a_part_whose_json_escapes_again_still_fits_the_cap(
+    tmp_path: Path, char: str
+) -> None:
+    """A string of quotes (or backslashes, control characters): its JSON, escaped once more
+    as the reply's text, took up to 1.5x the cap on the wire; smaller parts now fit it."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    value = {"s": char * 100_000, "rows": [char * 50] * 400}
+    out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
+    async with Client(create_server(harness, max_bytes=4000)) as client:
+        for args in ({"pointer": "/s"}, {"pointer": "/rows"}, {"pointer": "/s", "start": 7}):
+            result = await client.call_tool(
+                "read_exact", {"exact_ref": out.receipt.exact_ref, **args}
+            )
+            assert not result.is_error
+            assert reply_bytes(result) <= 4000
+            assert len(result.model_dump_json(by_alias=True, exclude_none=True)) <= 4000
+            assert isinstance(result.structured_content, dict)
+            assert result.structured_content["part"]["value"]  # not cut to nothing
 
 
 @pytest.mark.slow
