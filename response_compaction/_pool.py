@@ -241,8 +241,8 @@ class Pool:
         self._started = False
         self._closed = False
         self._pid = os.getpid()
-        #: Requests answered by a worker (tests and benchmarks read it).
-        self.calls = 0
+        #: Requests answered by a worker, and workers checked out (tests and benchmarks).
+        self.calls = self.checkouts = 0
         self._threads: list[threading.Thread] = []
 
     def ready_count(self) -> int:
@@ -307,6 +307,7 @@ class Pool:
         """An idle, ready worker, or None (verify in the caller)."""
         with self._lock:
             self._changed.notify_all()
+            self.checkouts += bool(self._idle)
             return self._idle.pop() if self._idle else None
 
     def checkin(self, worker: _Worker) -> None:

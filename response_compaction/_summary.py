@@ -133,6 +133,7 @@ async def summarize(
     # No await between looking for a flight and registering one: a caller either follows a
     # leader or leads, never reads the cache in a window where the leader finishes unseen.
     while (flight := _flights.get(flight_key)) is not None:
+        log.debug("summary: waiting for the ladder run in flight")
         with anyio.move_on_after(deadline - anyio.current_time()):
             await flight.done.wait()
         if not flight.done.is_set():

@@ -6,10 +6,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import response_compaction as rc
 from response_compaction._store import _commit, _indexes
 from tests._store_support import store_large
+
+# Every property test: no per-example deadline and no "too slow" health check. Examples take
+# 0-20 ms; one stalled by a loaded machine (a GC pause, a preempted thread) is no failure.
+settings.register_profile(
+    "response_compaction", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("response_compaction")
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -229,21 +229,24 @@ class FakeOpenAI:
     # -------------------------------------------------------------------- serving
 
     def _next(self, model: str, body: dict[str, Any]) -> Behaviour | None:
-        with self._lock:
-            script = self._scripts.get(model)
-            if not script:
-                if not self.fill_unscripted:
-                    return None
-                response_format = body.get("response_format") or {}
-                schema = response_format.get("json_schema", {}).get("schema", {})
-                return summary_reply(instance_of(schema))
-            return script.pop(0) if len(script) > 1 else script[0]
+        """The model's next scripted behaviour (called holding the lock)."""
+        script = self._scripts.get(model)
+        if not script:
+            if not self.fill_unscripted:
+                return None
+            response_format = body.get("response_format") or {}
+            schema = response_format.get("json_schema", {}).get("schema", {})
+            return summary_reply(instance_of(schema))
+        return script.pop(0) if len(script) > 1 else script[0]
 
-    def _log(self, request: Request) -> int:
+    def _arrive(self, request: Request, chat: bool) -> tuple[int, Behaviour | None]:
+        """Log ``request`` and take its behaviour under one lock: requests get their scripted
+        behaviours in the order they are logged (``requests``), whatever threads interleave."""
         with self._lock:
             self.requests.append(request)
             self._arrived.setdefault(request.model, threading.Event()).set()
-            return len(self.requests) - 1
+            behaviour = self._next(request.model, request.body) if chat else None
+            return len(self.requests) - 1, behaviour
 
     def _hung_up(self) -> None:
         with self._lock:
@@ -331,11 +334,11 @@ def _handler_for(owner: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self._json(400, {"error": {"message": "body is not JSON"}})
                 return
             model = str(body.get("model", ""))
-            index = owner._log(Request(model=model, path=self.path, body=body))
-            if not self.path.endswith("/chat/completions"):
+            chat = self.path.endswith("/chat/completions")
+            index, behaviour = owner._arrive(Request(model=model, path=self.path, body=body), chat)
+            if not chat:
                 self._json(404, {"error": {"message": f"no route {self.path}"}})
                 return
-            behaviour = owner._next(model, body)
             if isinstance(behaviour, Held):
                 owner._release.wait(HOLD_LIMIT_S)
                 behaviour = behaviour.then

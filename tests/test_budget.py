@@ -59,11 +59,22 @@ class Calls(logging.Handler):
         super().__init__(logging.DEBUG)
         self.outcomes: list[str] = []
         self._answered: dict[int, threading.Event] = {}
+        self.waiting = 0
+        self._waiting: dict[int, threading.Event] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith("summary call:"):
             self.outcomes.append(record.getMessage().split("outcome=")[1].split()[0])
             self._answered.setdefault(self.outcomes.count("ok"), threading.Event()).set()
+        elif record.getMessage().startswith("summary: waiting for the ladder run"):
+            self.waiting += 1
+            self._waiting.setdefault(self.waiting, threading.Event()).set()
+
+    async def wait_following(self, count: int) -> None:
+        """Wait (off the loop) until ``count`` callers waited for another's ladder run."""
+        if self.waiting < count:
+            event = self._waiting.setdefault(count, threading.Event())
+            assert await anyio.to_thread.run_sync(event.wait, 10.0, abandon_on_cancel=True)
 
     async def wait_answered(self, count: int) -> None:
         """Wait (off the loop) until ``count`` calls were recorded "ok"."""
@@ -205,3 +216,67 @@ async def test_the_maps_share_ends_with_every_map_call_hung_and_nothing_counts_a
     assert compacted.receipt.covered_bytes is msgspec.UNSET
     assert compacted.receipt.fallback_reason == "timeout"
     assert {a.outcome for a in attempts(compacted.receipt)} == {"timeout"}
+
+
+# --------------------------------------------------------------------------- shared budgets
+
+
+async def test_a_leader_s_budget_ending_leaves_a_longer_budget_its_own_run(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, loop_clock: LoopClock, calls: Calls
+) -> None:
+    """The leader's timeout_ms ends before the follower's: the follower asks the model itself.
+
+    Its receipt must not report a timeout that never happened to its own budget. (Once with
+    300 ms of real time, the leader's budget ran out before its request even arrived.)
+    """
+    server.script("main", Hang(), summary_reply(GOOD))
+    done: dict[str, rc.Compacted[Search, Summary]] = {}
+
+    async def run(name: str, timeout_ms: int) -> None:
+        opts = {"fallback": FALLBACK, "ladder": "main", "timeout_ms": timeout_ms}
+        done[name] = await rc.response_compact(harness, search(3000), Search, Summary, opts)
+
+    async with (
+        harness_for(workspace, server, ["main"]) as harness,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(run, "leader", 100_000)
+        await server.wait_hanging()
+        tg.start_soon(run, "follower", 600_000)
+        await calls.wait_following(1)
+        loop_clock.jump(110.0)  # the leader's 100 s end; 490 of the follower's 600 are left
+    assert done["leader"].receipt.fallback_reason == "timeout"
+    assert done["follower"].output == rc.SummarizedOutput(value=Summary(**GOOD))
+    assert done["follower"].receipt.summary_cache == "stored"
+    assert server.count("main") == 2
+
+
+async def test_callers_of_one_budget_share_the_leader_s_timeout(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, loop_clock: LoopClock, calls: Calls
+) -> None:
+    """Followers with less than half their budget left take the leader's timeout: one call.
+
+    All four have 600 s; the followers join 100 s after the leader, so when its budget ends
+    they have 90 s left. (With 3 s of real time, a follower slower than 1.5 s to join would
+    have led a run of its own.)
+    """
+    server.script("main", Hang(), summary_reply(GOOD))
+    results: list[rc.Compacted[Search, Summary]] = []
+
+    async def one() -> None:
+        opts = {"fallback": FALLBACK, "ladder": "main", "timeout_ms": 600_000}
+        results.append(await rc.response_compact(harness, search(3000), Search, Summary, opts))
+
+    async with (
+        harness_for(workspace, server, ["main"]) as harness,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(one)
+        await server.wait_hanging()
+        loop_clock.jump(100.0)
+        for _ in range(3):
+            tg.start_soon(one)
+        await calls.wait_following(3)
+        loop_clock.jump(510.0)
+    assert [r.receipt.fallback_reason for r in results] == ["timeout"] * 4
+    assert server.count("main") == 1

@@ -214,8 +214,7 @@ async def test_cpu_steps_yield_holding_the_turn_once_they_ran_long_enough() -> N
     async with turn:
         long = turn.spent  # the yield happened holding the turn: counting starts again
     assert short == STEPS_SECONDS / 2
-    assert long == 0.0
-    assert turn.spent < STEPS_SECONDS
+    assert long == 0.0  # (what the block then spent is real time: a preemption could pass 10 ms)
     assert not turn.lock.locked()
 
 

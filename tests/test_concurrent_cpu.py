@@ -20,7 +20,7 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 import response_compaction as rc
-from response_compaction import _pool, _verifiers
+from response_compaction import _pool, _store, _verifiers
 from response_compaction._canonical import iter_canonical
 from response_compaction._digest import digest_hex
 from response_compaction._store import open_store
@@ -48,13 +48,15 @@ async def _ready_pool() -> None:
 
 
 async def test_a_medium_value_is_gathered_before_tasks_queued_behind_it_take_a_turn(
-    workspace: rc.LocalWorkspace,
+    workspace: rc.LocalWorkspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every piece of a medium value is gathered in its first turn, before queued tasks run.
 
-    The pieces are encoded beforehand: the first turn's gather also stops on a time budget
-    (half a CPU turn), which the encoding of 320 KB exceeded on a loaded machine.
+    The pieces are encoded beforehand, and the time budget the first turn's gather also stops
+    on (half a CPU turn) is a minute here: the encoding of 320 KB exceeded 5 ms on a loaded
+    machine, and so could a preempted gather of the encoded pieces.
     """
+    monkeypatch.setattr(_store, "STEPS_SECONDS", 120.0)
     store = await open_store(workspace)
     value = big_exact(ROWS)
     assert len(canonical(value)) > 256 << 10

@@ -88,7 +88,7 @@ class FsyncLog:
         self.synced.append((st.st_dev, st.st_ino))
         if (st.st_dev, st.st_ino) == self._hold and not self.held.is_set():
             self.held.set()
-            self.release.wait(10)
+            self.release.wait(60)
 
 
 async def _beside_a_held_fsync(
@@ -272,10 +272,16 @@ async def test_a_cancelled_worker_verification_is_replaced(tmp_path: Path) -> No
     harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path / "ws"), llm=None)
     options = {"fallback": Summary(overview="x", critical_facts=[]), "ladder": "cheap",
                "summarize_above_bytes": 1000}  # fmt: skip
+    before = _pool.POOL.checkouts
     async with anyio.create_task_group() as tg:
         tg.start_soon(rc.response_compact, harness, big_exact(60_000), Exact, Summary, options)
-        # Until a worker is checked out for this value's verification, then cancel it.
-        assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n < cores, 60)
+
+        # Until a worker is checked out for this value's verification, then cancel it. (Not
+        # "fewer idle": the ~30 ms checkout could be over before the waiting thread looked.)
+        def checked_out(_: int) -> bool:
+            return _pool.POOL.checkouts > before
+
+        assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, checked_out, 60)
         tg.cancel_scope.cancel()
     # A worker killed by the cancellation is replaced.
     assert await anyio.to_thread.run_sync(_pool.POOL.wait_ready, lambda n: n >= cores, 60)

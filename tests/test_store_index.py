@@ -86,7 +86,7 @@ def test_an_index_let_go_beyond_the_cap_closes_off_the_releasing_call(
     close = _index.Index.close
 
     def gated(index: _index.Index) -> None:
-        gate.wait(timeout=5)
+        gate.wait(timeout=60)
         close(index)
         closed.set()
 

@@ -56,7 +56,7 @@ async def test_read_returns_found_while_another_process_holds_the_write_lock(
         assert process.stdin is not None
         line = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 64)
         assert line == b"locked"
-        with anyio.fail_after(2):
+        with anyio.fail_after(30):  # well under the 60 s a read waiting for the lock would take
             assert await rc.response_compaction_read_exact(harness, ref_of(A), Exact) == rc.Found(
                 value=A
             )

@@ -443,61 +443,6 @@ async def test_a_hung_leader_does_not_stretch_a_followers_budget(
     assert server.count("hung") == 1
 
 
-async def test_a_leader_s_budget_ending_leaves_a_longer_budget_its_own_run(
-    workspace: rc.LocalWorkspace, server: FakeOpenAI
-) -> None:
-    """The leader's timeout_ms ends before the follower's: the follower asks the model itself.
-
-    Its receipt must not report a timeout that never happened to its own budget. The leader
-    has 3 s, so its request arrives and the follower joins it before that ends even on a
-    loaded machine (with 300 ms, the leader once timed out before its request arrived).
-    """
-    server.script("model", Hang(), summary_reply(GOOD))
-    leader: list[rc.Compacted[Any, Any]] = []
-    async with (
-        model_harness(workspace, server, {"main": ["model"]}) as harness,
-        anyio.create_task_group() as tg,
-    ):
-
-        async def lead() -> None:
-            leader.append(await compact(harness, timeout_ms=3000))
-
-        tg.start_soon(lead)
-        await server.wait_arrived("model")
-        with anyio.fail_after(20):
-            follower = await compact(harness, timeout_ms=600_000)
-    assert leader[0].receipt.fallback_reason == "timeout"
-    assert follower.output == rc.SummarizedOutput(value=Summary(**GOOD))
-    assert follower.receipt.summary_cache == "stored"
-    assert server.count("model") == 2
-
-
-async def test_callers_of_one_budget_share_the_leader_s_timeout(
-    workspace: rc.LocalWorkspace, server: FakeOpenAI
-) -> None:
-    """Followers with little of their budget left take the leader's timeout: one model call.
-
-    All four have 3 s; the followers start once the leader's request arrived, so well under
-    1.5 s later (half their budget) even on a loaded machine.
-    """
-    server.script("model", Hang(), summary_reply(GOOD))
-    results: list[rc.Compacted[Any, Any]] = []
-    async with (
-        model_harness(workspace, server, {"main": ["model"]}) as harness,
-        anyio.create_task_group() as tg,
-    ):
-
-        async def one() -> None:
-            results.append(await compact(harness, timeout_ms=3000))
-
-        tg.start_soon(one)
-        await server.wait_arrived("model")
-        for _ in range(3):
-            tg.start_soon(one)
-    assert [r.receipt.fallback_reason for r in results] == ["timeout"] * 4
-    assert server.count("model") == 1
-
-
 async def test_caller_cancellation_propagates_and_caches_nothing(
     workspace: rc.LocalWorkspace, server: FakeOpenAI
 ) -> None:

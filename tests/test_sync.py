@@ -138,7 +138,13 @@ def test_refuses_inside_a_plain_asyncio_callback(harness: rc.Harness) -> None:
 def test_one_client_one_connection_across_calls(harness: rc.Harness) -> None:
     """An AsyncOpenAI client in the harness keeps one connection over calls; close() closes it."""
     with FakeOpenAI(fill_unscripted=True) as server:
-        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+        # No keep-alive expiry: httpx's 5 s one would open a second connection after a stall.
+        # (The Limits class of whichever httpx this openai builds its client on.)
+        limits = type(openai.DEFAULT_CONNECTION_LIMITS)(max_connections=10, keepalive_expiry=None)
+        http_client = openai.DefaultAsyncHttpxClient(limits=limits)
+        client = openai.AsyncOpenAI(
+            base_url=server.base_url, api_key="test", http_client=http_client
+        )
         model_harness = rc.Harness(
             fs=harness.fs, llm=rc.OpenAICatalog(client, {"cheap": ["small-model"]})
         )
