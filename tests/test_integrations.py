@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import re
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import anyio.to_thread
 import msgspec
+import openai
 import pytest
 
 import response_compaction as rc
 from response_compaction.integrations import Compactor
 from tests._store_support import entry_files, store_root
+from tests.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.anyio
 
@@ -114,16 +118,20 @@ async def test_openai_agents_async_tool(compactor: Compactor) -> None:
 
 @asyncio_only
 async def test_openai_agents_sync_tool_runs_in_a_thread(compactor: Compactor) -> None:
-    """openai-agents: a plain-function tool compacts through the blocking facade in its thread."""
+    """openai-agents: a plain-function tool runs in a worker thread, compacted on the loop."""
     pytest.importorskip("agents")
     from response_compaction.integrations.openai_agents import compacted_tool
 
+    on_loop_thread: list[bool] = []
+
     def big_records() -> str:
         """Every record, as JSON text."""
+        on_loop_thread.append(threading.current_thread() is threading.main_thread())
         return msgspec.json.encode(records(3000)).decode()
 
     tool = compacted_tool(compactor, big_records, name_override="big_records")
     tool_text, answer = await run_agents(tool, compactor)
+    assert on_loop_thread == [False]
     assert "kind: exact" not in tool_text
     assert msgspec.json.decode(answer)["part"]["value"] == RECORD_97
 
@@ -187,17 +195,52 @@ async def test_pydantic_ai_async_tool(compactor: Compactor) -> None:
 
 @asyncio_only
 async def test_pydantic_ai_sync_tool_runs_in_a_thread(compactor: Compactor) -> None:
-    """pydantic-ai: a plain-function tool compacts through the blocking facade in its thread."""
+    """pydantic-ai: a plain-function tool runs in a worker thread, compacted on the loop."""
     pytest.importorskip("pydantic_ai")
     from response_compaction.integrations.pydantic_ai import compacted_tool
 
+    on_loop_thread: list[bool] = []
+
     def big_records() -> dict[str, Any]:
         """Every record."""
+        on_loop_thread.append(threading.current_thread() is threading.main_thread())
         return records(3000)
 
     tool_text, answer = await run_pydantic_ai(compacted_tool(compactor, big_records), compactor)
+    assert on_loop_thread == [False]
     assert "exact_ref: rc1:" in tool_text
     assert msgspec.json.decode(answer)["part"]["value"] == RECORD_97
+
+
+@asyncio_only
+async def test_plain_and_coroutine_tools_of_one_agent_are_both_summarized(
+    tmp_path: Path,
+) -> None:
+    """Called as every framework calls them (a coroutine function awaited, a plain function in
+    a worker thread), tools of both kinds share one model client: a plain function's result
+    went through the blocking facade's loop, where the client bound to the agent's loop
+    failed, and got the fallback (error)."""
+    with FakeOpenAI(fill_unscripted=True) as server:
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="test") as client:
+            llm = rc.OpenAICatalog(client, {"default": ["m"]})
+            harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path / "ws"), llm=llm)
+            compactor = Compactor(harness=harness)
+
+            async def coroutine_tool(n: int) -> dict[str, Any]:
+                return records(n)
+
+            def plain_tool(n: int) -> dict[str, Any]:
+                return records(n)
+
+            texts = []
+            for n, tool in enumerate([coroutine_tool, plain_tool] * 2, start=3000):
+                wrapped = compactor.wrap(tool)
+                if inspect.iscoroutinefunction(wrapped):
+                    texts.append(await wrapped(n))
+                else:
+                    texts.append(await anyio.to_thread.run_sync(wrapped, n))
+    assert [text.splitlines()[0] for text in texts] == ["kind: summarized"] * 4
+    assert len(server.bodies("m")) == 4
 
 
 # --------------------------------------------------------------------------- LangChain

@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio.to_thread
 import msgspec
 
 from .. import sync
@@ -90,29 +91,43 @@ class Compactor:
         )
         return compacted.to_agent_text(read_tool=self.read_tool, max_bytes=self.text_bytes)
 
-    def wrap(self, tool: Callable[..., Any]) -> Callable[..., Any]:
-        """``tool`` with its signature and docstring, returning the compacted text.
+    def wrap(self, tool: Callable[..., Any], *, artifact: bool = False) -> Callable[..., Any]:
+        """``tool`` as a coroutine function (its signature and docstring) returning the text.
 
-        A coroutine function stays one; a plain function calls the blocking facade, so the
-        framework must run it in a worker thread (they all do for sync tools).
+        A plain function runs in a worker thread (anyio's, with its context) and the
+        compaction, as for a coroutine function, on the caller's event loop: a model client is
+        bound to the loop it ran on, and the blocking facade's would be a second one (an
+        agent with tools of both kinds got the fallback, ``error``, for every sync tool's
+        result). With ``artifact``, ``tool`` returns ``(content, artifact)``: the content is
+        compacted, the artifact passed on as it came.
         """
-        if inspect.iscoroutinefunction(tool):
+        call = tool if inspect.iscoroutinefunction(tool) else _in_thread(tool)
 
-            @functools.wraps(tool)
-            async def run_async(*args: Any, **kwargs: Any) -> str:
-                return await self.compact(await tool(*args, **kwargs))
+        @functools.wraps(tool)
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            result = await call(*args, **kwargs)
+            if artifact:
+                content, extra = result
+                return await self.compact(content), extra
+            return await self.compact(result)
 
-            wrapper: Callable[..., Any] = run_async
-        else:
+        return _returning_text(run, tool, artifact)
 
-            @functools.wraps(tool)
-            def run_sync(*args: Any, **kwargs: Any) -> str:
-                return self.compact_sync(tool(*args, **kwargs))
+    def wrap_sync(self, tool: Callable[..., Any], *, artifact: bool = False) -> Callable[..., Any]:
+        """``tool``, a plain function, compacting through the blocking facade.
 
-            wrapper = run_sync
-        # wraps() shares the annotations dict: give the wrapper its own, returning str.
-        wrapper.__annotations__ = {**getattr(tool, "__annotations__", {}), "return": str}
-        return wrapper
+        For frameworks that call a tool where no event loop runs (a LangChain ``invoke``).
+        """
+
+        @functools.wraps(tool)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = tool(*args, **kwargs)
+            if artifact:
+                content, extra = result
+                return self.compact_sync(content), extra
+            return self.compact_sync(result)
+
+        return _returning_text(run, tool, artifact)
 
     async def read(
         self,
@@ -170,6 +185,22 @@ class Compactor:
         read_exact.__name__ = read_exact.__qualname__ = self.read_tool
         read_exact.__doc__ = READ_EXACT_DESCRIPTION
         return read_exact
+
+
+def _in_thread(tool: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return await anyio.to_thread.run_sync(functools.partial(tool, *args, **kwargs))
+
+    return call
+
+
+def _returning_text(
+    wrapper: Callable[..., Any], tool: Callable[..., Any], artifact: bool
+) -> Callable[..., Any]:
+    # wraps() shares the annotations dict: give the wrapper its own, returning text.
+    returns = tuple[str, Any] if artifact else str
+    wrapper.__annotations__ = {**getattr(tool, "__annotations__", {}), "return": returns}
+    return wrapper
 
 
 def _exact(result: Any) -> Any:

@@ -19,13 +19,13 @@ or compact every tool's large result with one middleware, which also adds ``read
     agent = create_agent(model, tools=[search], middleware=[CompactionMiddleware(compactor)])
 
 A compacted result is :meth:`Compacted.to_agent_text` (bounded, with the ``exact_ref``).
-Async agents (``ainvoke``) compact on their loop; sync agents (``invoke``) and sync tools,
-which LangChain runs in worker threads, compact through the blocking facade.
+Async agents (``ainvoke``) compact on their loop (a plain function runs in a worker thread,
+its result compacted back on the loop); sync agents (``invoke``) compact through the
+blocking facade.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, overload
@@ -66,37 +66,21 @@ def compacted_tool(
     tool returns is compacted and the artifact, which LangChain keeps from the model, passed
     on as it came.
     """
-    both = tool_options.get("response_format") == "content_and_artifact"
+    artifact = tool_options.get("response_format") == "content_and_artifact"
 
     def build(fn: Callable[..., Any]) -> BaseTool:
-        built: BaseTool = tool(_content_compacted(compactor, fn) if both else compactor.wrap(fn),
-                               **tool_options)  # fmt: skip
-        return built
+        if inspect.iscoroutinefunction(fn):
+            built: BaseTool = tool(compactor.wrap(fn, artifact=artifact), **tool_options)
+            return built
+        # Both: a sync agent (invoke) calls func, an async one (ainvoke) the coroutine, which
+        # runs the function in a thread and compacts on the agent's own loop.
+        return StructuredTool.from_function(
+            func=compactor.wrap_sync(fn, artifact=artifact),
+            coroutine=compactor.wrap(fn, artifact=artifact),
+            **tool_options,
+        )
 
     return build if func is None else build(func)
-
-
-def _content_compacted(compactor: Compactor, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn``, which returns ``(content, artifact)``, with its content compacted."""
-    if inspect.iscoroutinefunction(fn):
-
-        @functools.wraps(fn)
-        async def run_async(*args: Any, **kwargs: Any) -> tuple[str, Any]:
-            content, artifact = await fn(*args, **kwargs)
-            return await compactor.compact(content), artifact
-
-        wrapper: Callable[..., Any] = run_async
-    else:
-
-        @functools.wraps(fn)
-        def run_sync(*args: Any, **kwargs: Any) -> tuple[str, Any]:
-            content, artifact = fn(*args, **kwargs)
-            return compactor.compact_sync(content), artifact
-
-        wrapper = run_sync
-    # wraps() shares the annotations dict: give the wrapper its own.
-    wrapper.__annotations__ = {**getattr(fn, "__annotations__", {}), "return": tuple[str, Any]}
-    return wrapper
 
 
 def read_exact_tool(compactor: Compactor) -> BaseTool:

@@ -16,8 +16,8 @@ Needs ``pip install 'response-compaction[openai-agents]'``.
     agent = Agent(name="a", tools=[search, read_exact_tool(compactor)])
 
 A compacted tool returns :meth:`Compacted.to_agent_text` (bounded, with the ``exact_ref``);
-``read_exact`` reads bounded parts back. Coroutine tools run on the SDK's event loop; plain
-functions run in the SDK's worker threads and compact through the blocking facade.
+``read_exact`` reads bounded parts back. Every result is compacted on the SDK's event loop:
+a plain function runs in a worker thread, a coroutine function on the loop.
 """
 
 from __future__ import annotations
