@@ -16,6 +16,7 @@ import logging
 import re
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -449,6 +450,61 @@ async def stored(compactor: Compactor, text: str) -> object:
     assert isinstance(found, rc.Found)
     value: object = found.value
     return value
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview], ids=lambda k: k.__name__)
+async def test_bytes_of_every_kind_are_retained_as_the_json_they_hold(
+    compactor: Compactor, kind: Any
+) -> None:
+    """A bytearray or memoryview of JSON was stored as a base64 string of its bytes."""
+    data = msgspec.json.encode(records(400))
+
+    async def tool() -> Any:
+        return kind(data)
+
+    assert await stored(compactor, await compactor.wrap(tool)()) == records(400)
+
+
+async def test_an_async_callable_object_is_awaited_not_stored(compactor: Compactor) -> None:
+    """Ones ``inspect.iscoroutinefunction`` does not see (an object with an async __call__, a
+    plain decorator's wrapper): their coroutine is awaited, not handed to the store."""
+
+    class Search:
+        async def __call__(self) -> dict[str, Any]:
+            return records(400)
+
+    def logged(fn: Callable[[], Any]) -> Callable[[], Any]:
+        @functools.wraps(fn)
+        def call() -> Any:
+            return fn()
+
+        return call
+
+    async def search() -> dict[str, Any]:
+        return records(401)
+
+    assert await stored(compactor, await compactor.wrap(Search())()) == records(400)
+    assert await stored(compactor, await compactor.wrap(logged(search))()) == records(401)
+
+
+async def test_the_read_back_checks_the_exact_schema_first(tmp_path: Path) -> None:
+    """As the MCP tool and the CLI: with an exact_schema, content that no longer fits it reads
+    broken instead of a part of it being served."""
+    from tests.schemas import Exact
+
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    loose = Compactor(harness=harness)
+    typed = Compactor(harness=harness, exact_schema=Exact)
+    text = await loose.wrap(_rows_with_a_negative_total)()
+    match = REF.search(text)
+    assert match is not None
+    assert msgspec.json.decode(await loose.read(match.group(0), "/total"))["state"] == "found"
+    answer = msgspec.json.decode(await typed.read(match.group(0), "/total"))
+    assert answer["state"] == "broken"
+
+
+async def _rows_with_a_negative_total() -> dict[str, Any]:
+    return {"rows": [{"id": i, "name": "x" * 90} for i in range(400)], "total": -1}
 
 
 async def test_json_string_naming_a_key_twice_is_kept_as_the_string(

@@ -18,8 +18,9 @@ import anyio.to_thread
 import msgspec
 
 from .. import sync
-from .._compact import response_compact
+from .._compact import response_compact, response_compaction_read_exact
 from .._encoding import line_safe
+from .._models import Found
 from .._part import MIN_MAX_BYTES
 from .._pydantic import pydantic_plain
 from .._read import response_compaction_read_part
@@ -101,7 +102,7 @@ class Compactor:
         result). With ``artifact``, ``tool`` returns ``(content, artifact)``: the content is
         compacted, the artifact passed on as it came.
         """
-        call = tool if inspect.iscoroutinefunction(tool) else _in_thread(tool)
+        call = tool if _is_async(tool) else _in_thread(tool)
 
         @functools.wraps(tool)
         async def run(*args: Any, **kwargs: Any) -> Any:
@@ -137,11 +138,20 @@ class Compactor:
         stop: int | None = None,
         max_bytes: int | None = None,
     ) -> str:
-        """The read-back tool's body: a bounded part as JSON text, never more than the cap."""
+        """The read-back tool's body: a bounded part as JSON text, never more than the cap.
+
+        An ``exact_schema`` other than ``Any`` is checked against the whole value first (as the
+        MCP tool and the CLI do): content that no longer fits it reads as broken.
+        """
         try:
-            result = await response_compaction_read_part(
-                self.harness, exact_ref, **self._window(pointer, start, stop, max_bytes)
-            )
+            window = self._window(pointer, start, stop, max_bytes)
+            if self.exact_schema is not Any:
+                checked = await response_compaction_read_exact(
+                    self.harness, exact_ref, self.exact_schema
+                )
+                if not isinstance(checked, Found):
+                    return _json(read_result_as_dict(checked))
+            result = await response_compaction_read_part(self.harness, exact_ref, **window)
         except (LookupError, ValueError) as exc:  # content-free by contract
             return _json({"state": "error", "detail": str(exc)})
         return _json(read_result_as_dict(result))
@@ -187,6 +197,16 @@ class Compactor:
         return read_exact
 
 
+def _is_async(tool: Callable[..., Any]) -> bool:
+    """Whether calling ``tool`` gives a coroutine.
+
+    A coroutine function, an object whose ``__call__`` is one, or a plain decorator's wrapper
+    (``functools.wraps``) around one.
+    """
+    call = type(tool).__call__ if not inspect.isroutine(tool) else None
+    return any(inspect.iscoroutinefunction(f) for f in (tool, call, inspect.unwrap(tool)))
+
+
 def _in_thread(tool: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
     async def call(*args: Any, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(functools.partial(tool, *args, **kwargs))
@@ -205,6 +225,8 @@ def _returning_text(
 
 def _exact(result: Any) -> Any:
     # Tools often return JSON as a string: retain the value it holds, else the string itself.
+    if isinstance(result, bytearray | memoryview):
+        result = bytes(result)  # as bytes: not a base64 string of them
     if isinstance(result, bytes):
         try:
             result = result.decode()
