@@ -302,10 +302,16 @@ def _portal_thread(backend: str) -> tuple[BlockingPortal, threading.Thread]:
     return ready.result(), thread
 
 
+#: How long one model's ``aclose()`` may take: ``close()`` also runs at interpreter exit,
+#: which a hung close (an HTTP client waiting on a dead peer) would otherwise hold forever.
+ACLOSE_SECONDS = 5.0
+
+
 async def _aclose_all(models: list[Closable]) -> None:
     for model in models:
         try:
-            await model.aclose()
+            with anyio.move_on_after(ACLOSE_SECONDS):
+                await model.aclose()
         except Exception:  # noqa: S112 - closing is best effort; one bad model must not stop it
             continue
 

@@ -7,9 +7,11 @@ import inspect
 import subprocess
 import sys
 import textwrap
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import anyio
 import anyio.to_thread
 import openai
 import pytest
@@ -17,6 +19,7 @@ import sniffio
 
 import response_compaction as rc
 from response_compaction import sync
+from tests._hanging import HangingModel
 from tests.fake_openai import FakeOpenAI
 from tests.schemas import FALLBACK, Exact, Row, Summary, big_exact
 
@@ -165,6 +168,32 @@ def test_one_client_one_connection_across_calls(harness: rc.Harness) -> None:
     # The next call starts a fresh background loop.
     value = Exact(rows=[], total=0)
     assert sync.response_compact(harness, value, Exact, Summary, OPTIONS).output.value == value
+
+
+def test_a_model_whose_close_hangs_does_not_hold_close(
+    harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() (and so the interpreter's exit) is bounded by each model's ACLOSE_SECONDS."""
+    monkeypatch.setattr(sync, "ACLOSE_SECONDS", 0.05)
+    closing = threading.Event()
+
+    class Stuck(HangingModel):
+        async def aclose(self) -> None:
+            closing.set()
+            await anyio.sleep_forever()
+
+    stuck = rc.Harness(fs=harness.fs, llm=Stuck())
+    value = Exact(rows=[], total=0)  # small: the model is bound to the loop, never asked
+    assert sync.response_compact(stuck, value, Exact, Summary, OPTIONS).output.value == value
+    done = threading.Event()
+
+    def close() -> None:
+        sync.close()
+        done.set()
+
+    threading.Thread(target=close, daemon=True).start()
+    assert done.wait(60), "close() waited on a hung aclose()"
+    assert closing.is_set()
 
 
 _FORK_AFTER_USE = """
