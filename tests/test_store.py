@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -319,6 +320,66 @@ async def test_prune_removes_expired_extra_and_stale_temps(
     assert index_rows(root) == {hex_of(C)}
     assert temp_files(root) == ["fresh.tmp"]
     assert await store.counts() == {"exact": 1}
+
+
+async def test_prune_drops_a_row_whose_file_is_gone_unless_a_put_may_be_in_flight(
+    workspace: rc.LocalWorkspace, harness: rc.Harness
+) -> None:
+    """A row with no file (a put that died between its row's commit and its rename, a file
+    removed by hand) reads Missing and counts against the bound: prune drops it, but not
+    while a temp file under an hour old says a put may be between those two steps."""
+    await compact(harness, A)
+    await compact(harness, B)
+    root = store_root(workspace)
+    entry_path(root, hex_of(A)).unlink()
+    (root / "tmp" / "in-flight.tmp").write_bytes(b"half")
+    store = await _store.open_store(workspace)
+    assert await store.prune() == 0
+    assert index_rows(root) == {hex_of(A), hex_of(B)}
+    two_hours_ago = time.time() - 7200
+    os.utime(root / "tmp" / "in-flight.tmp", (two_hours_ago, two_hours_ago))
+    assert await store.prune() == 2  # the row, and the stale temp file
+    assert index_rows(root) == entry_files(root) == {hex_of(B)}
+    assert await store.counts() == {"exact": 1}
+    assert await read(harness, A) == rc.Missing()
+    assert await read(harness, B) == rc.Found(value=B)
+
+
+async def test_a_prune_between_a_small_put_s_commit_and_rename_keeps_its_row(
+    workspace: rc.LocalWorkspace, harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small put commits its row while its temp file's fsync runs, and renames after: a
+    prune in between (its fsync held) must not take the row, or the receipt reads Missing."""
+    real_fsync = os.fsync
+    held, release = threading.Event(), threading.Event()
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        if stat.S_ISREG(os.fstat(fd).st_mode) and not held.is_set():  # the temp file's
+            held.set()
+            assert release.wait(60)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    root = store_root(workspace)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(compact, harness, A)
+        assert await anyio.to_thread.run_sync(held.wait, 60)
+        # The COMMIT runs beside the held fsync and sets no event: its row is looked for.
+        await anyio.to_thread.run_sync(_until, lambda: hex_of(A) in index_rows(root))
+        store = await _store.open_store(workspace)
+        assert await store.prune() == 0
+        release.set()
+    assert index_rows(root) == entry_files(root) == {hex_of(A)}
+    assert await read(harness, A) == rc.Found(value=A)
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    """Look every 5 ms until ``condition()``: for a state no event announces (60 s at most)."""
+    for _ in range(12_000):
+        if condition():
+            return
+        threading.Event().wait(0.005)
+    raise AssertionError("the condition never held")
 
 
 # ----------------------------------------------------------------------------- cancellation

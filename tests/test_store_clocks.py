@@ -17,19 +17,9 @@ import anyio
 import pytest
 
 import response_compaction as rc
-from response_compaction import _store
 from response_compaction._store import _indexes
 from tests._store_child import tagged
-from tests._store_support import (
-    compact,
-    entry_files,
-    entry_path,
-    hex_of,
-    index_rows,
-    ref_of,
-    seed_key,
-    store_root,
-)
+from tests._store_support import compact, hex_of, index_rows, ref_of, seed_key, store_root
 from tests.conftest import FakeClock
 from tests.schemas import Exact
 
@@ -206,28 +196,3 @@ async def test_a_store_takes_a_use_number_above_every_number_recorded(tmp_path: 
     assert _uses(root, "e") == [102.0]
     with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as conn:
         assert conn.execute("SELECT count(*) FROM meta WHERE name = 'uses'").fetchone() == (0,)
-
-
-async def test_prune_drops_a_row_with_no_file_once_its_writer_is_an_hour_idle(
-    tmp_path: Path, anyio_backend: str
-) -> None:
-    """A row with no file (a writer that died between its row's commit and its rename, a file
-    removed by hand) reads Missing and counts against the bound. Prune drops it once its writer
-    has recorded nothing for an hour (a put in flight is one fsync from its rename), not
-    sooner, and never a row whose file is there."""
-    ws = tmp_path / "ws"
-    seed_key(ws)
-    root = store_root(ws)
-    assert await _writer(ws, anyio_backend, T0, DAY, "put:a", "put:b") == ["stored", "stored"]
-    entry_path(root, hex_of(tagged("a"))).unlink()
-    clock = FakeClock(T0 + 3599)
-    store = await _store.open_store(rc.LocalWorkspace(ws, clock=clock))
-    assert await store.prune() == 0
-    assert index_rows(root) == {hex_of(tagged("a")), hex_of(tagged("b"))}
-    clock.advance(2)
-    assert await store.prune() == 1
-    assert index_rows(root) == entry_files(root) == {hex_of(tagged("b"))}
-    assert await store.counts() == {"exact": 1}
-    harness = _harness(ws, clock)
-    assert await _read(harness, "a") == rc.Missing()
-    assert await _read(harness, "b") == rc.Found(value=tagged("b"))

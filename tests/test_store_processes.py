@@ -163,14 +163,14 @@ async def test_sigkill_mid_write_loses_nothing_completed(
         read = await rc.response_compaction_read_exact(harness, ref_of(value), Exact)
         assert read == rc.Found(value=value), (tag, index)
 
-    # Two hours later, prune sweeps the killed writers' temp files, the files a writer
-    # renamed but never recorded (killed mid-commit), and the rows a writer committed but
-    # never renamed a file for (``unbacked``: none, when no kill landed in that window).
+    # Once the killed writers' temp files are old (no put can be in flight), prune sweeps
+    # them, the files a writer renamed but never recorded (killed mid-commit), and the rows a
+    # writer committed but never renamed a file for (``unbacked``: none, when no kill landed
+    # in that window).
     two_hours_ago = time.time() - 2 * 3600
     for name in temp_files(root):
         os.utime(root / "tmp" / name, (two_hours_ago, two_hours_ago))
-    later = rc.LocalWorkspace(ws, clock=lambda: time.time() + 2 * 3600)
-    store = await _store.open_store(later)
+    store = await _store.open_store(rc.LocalWorkspace(ws))
     assert await store.prune() >= left_behind + len(unbacked)
     assert temp_files(root) == []
     assert index_rows(root) == entry_files(root)

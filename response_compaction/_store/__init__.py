@@ -281,19 +281,18 @@ class Store(Medium):
 
         Also removes files no row names (left by a writer that died mid-commit, or by a small
         put whose row was evicted before its rename and which did not unlink it), rows whose
-        file is absent and whose writer has recorded nothing for an hour (a small put that died
-        between its row's commit and its rename; a file removed by hand) and temporary files
-        over an hour old.
+        file is absent (a small put that died between its row's commit and its rename; a file
+        removed by hand) unless a temporary file under an hour old says a put may be in flight,
+        and temporary files over an hour old.
         Returns how many entries and files went.
         """
         now = self.clock()
-        async with self._using_index() as index:
-            removed = await self._patiently(prune_all, index, now, max_entries)
         # Temp files carry real file times, so their age is judged by the real clock.
+        stale = time.time() - STALE_TEMP_SECONDS
+        async with self._using_index() as index:
+            removed = await self._patiently(prune_all, index, now, max_entries, stale)
         with map_errors("could not sweep the store's temporary files"):
-            removed += await self._backend.run(
-                sweep_temps, self.root, time.time() - STALE_TEMP_SECONDS
-            )
+            removed += await self._backend.run(sweep_temps, self.root, stale)
         return removed
 
     async def remove(self, kind: Kind, key: str) -> None:

@@ -31,6 +31,7 @@ __all__ = [
     "check_ancestors",
     "check_stat",
     "fsync_parent",
+    "has_fresh_temp",
     "open_dir",
     "open_fanout",
     "open_regular",
@@ -242,6 +243,23 @@ def _make_fanouts(root_fd: int, kind: Kind) -> None:
             os.fsync(kind_fd)
     finally:
         os.close(kind_fd)
+
+
+def has_fresh_temp(root: str, since: float) -> bool:
+    """Whether ``root/tmp`` holds a file modified at or after ``since``.
+
+    Then a put may be writing, or between its row's COMMIT and its rename
+    (``_commit.publish_recorded``).
+    """
+    tmp_fd = open_dir(os.path.join(root, "tmp"), create=False)
+    try:
+        for name in os.listdir(tmp_fd):
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(name, dir_fd=tmp_fd, follow_symlinks=False).st_mtime >= since:
+                    return True
+    finally:
+        os.close(tmp_fd)
+    return False
 
 
 def sweep_temps(root: str, older_than: float) -> int:

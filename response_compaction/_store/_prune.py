@@ -6,15 +6,16 @@ Blocking; the store calls these through its file backend's worker threads.
 from __future__ import annotations
 
 from ._index import Index
-from ._paths import KINDS, STALE_TEMP_SECONDS, Kind
+from ._paths import KINDS, Kind, has_fresh_temp
 from ._tree import Dirs
 
 __all__ = ["prune_all", "remove_entry"]
 
 
-def prune_all(index: Index, now: float, max_entries: int | None) -> int:
-    """Evict expired and surplus entries, files no row names and idle rows no file backs.
+def prune_all(index: Index, now: float, max_entries: int | None, temps_since: float) -> int:
+    """Evict expired and surplus entries, files no row names, and rows no file backs.
 
+    Rows no file backs go only while no temp file is modified at or after ``temps_since``.
     Returns how many entries went (a row and its file counted once).
     """
     with index.transaction() as tx, Dirs(index.root) as dirs:
@@ -24,21 +25,22 @@ def prune_all(index: Index, now: float, max_entries: int | None) -> int:
             tx.delete(kind, key)
             dirs.unlink(kind, key)
         removed = len(victims)
-        # A writer renames its file into place and records the row inside one write
-        # transaction, or (``publish_recorded``) commits the row before it renames; we hold
-        # the lock, so a file without a row was left by a writer that died between the two,
-        # or renamed after its row was evicted. Nobody will ever read it.
+        # A row with no file: a small put that died or failed between its COMMIT and its
+        # rename (``publish_recorded``), or a file removed by hand; it reads Missing and
+        # counts against the bound. One such put may be in flight: its temp file is then in
+        # tmp/ until its rename, so tmp/ is looked at before the entries (a rename between
+        # the two looks is seen by the second). No row is committed while we hold the lock.
+        # Not by the writers' clocks: one skewed clock, or a writer trimmed from the clocks
+        # table, made a put in flight look idle (its receipt then read Missing).
+        keep_unbacked = has_fresh_temp(index.root, temps_since)
         for kind in KINDS:
             recorded = tx.keys(kind)
             files = set(dirs.entry_files(kind))
+            # A file without a row was left by a writer that died between rename and
+            # commit, or renamed after its row was evicted: nobody will ever read it.
             for name in files - recorded:
                 dirs.unlink(kind, name)
-            # A row with no file: a put that died or failed between its COMMIT and its rename
-            # (``publish_recorded``), or a file removed by hand; it reads Missing and counts
-            # against the bound. A put in flight is one fsync from its rename, and its COMMIT
-            # recorded its writer's clock: a row whose writer has recorded none for as long
-            # as a temp file takes to go stale is none (nor is any of this writer's).
-            unbacked = tx.idle(kind, recorded - files, tx.attested(now) - STALE_TEMP_SECONDS)
+            unbacked = set() if keep_unbacked else recorded - files
             for key in unbacked:
                 tx.delete(kind, key)
             removed += len(files - recorded) + len(unbacked)

@@ -35,11 +35,6 @@ LOOKUP = (
     " FROM entries WHERE kind = ?1 AND key = ?2"
 )
 _ATTESTED = f"SELECT {ATTESTED_SQL}"
-#: A row whose writer's clock (a number: see ``_clocks``) is absent or older than ``?3``.
-_IDLE = (
-    "SELECT 1 FROM entries WHERE kind = ?1 AND key = ?2 AND NOT EXISTS (SELECT 1 FROM clocks"
-    " WHERE writer IS entries.writer AND typeof(seen) IN ('integer', 'real') AND seen >= ?3)"
-)
 #: Use numbers at or above this are passed over (a tampered cell): from 2**53 on, adding one
 #: gives the same float, and every later use would tie.
 _USES_LIMIT = float(1 << 53)
@@ -298,10 +293,6 @@ class Transaction:
     def delete(self, kind: Kind, key: str) -> None:
         """Drop one row."""
         self._conn.execute("DELETE FROM entries WHERE kind = ? AND key = ?", (kind, key))
-
-    def idle(self, kind: Kind, keys: set[str], before: float) -> set[str]:
-        """Those of ``keys`` whose row's writer has recorded no clock since ``before``."""
-        return {key for key in keys if self._conn.execute(_IDLE, (kind, key, before)).fetchone()}
 
     def keys(self, kind: Kind) -> set[str]:
         """Every recorded key of ``kind``, expired or not."""
