@@ -214,22 +214,38 @@ async def _answer(
             if not isinstance(checked, Found):
                 return _reply(types, checked)
         read = functools.partial(
-            response_compaction_read_part, harness, exact_ref, pointer=pointer, start=start
+            response_compaction_read_part,
+            harness,
+            exact_ref,
+            pointer=pointer,
+            start=start,
+            stop=stop,
         )
-        result = await read(stop=stop, max_bytes=limit)
-        reply = _reply(types, result)
-        # The text travels as a JSON string: each quote, backslash or control character of the
-        # part's JSON is escaped once more (a part of quotes took 1.5x the cap). Smaller
-        # parts until it fits; a part of MIN_MAX_BYTES always does.
-        for _ in range(_SHRINKS):
-            over = _carried_bytes(reply) - 2 * part_cap
-            if over <= 0 or not isinstance(result, Found) or limit <= MIN_MAX_BYTES:
-                break
-            limit = max(MIN_MAX_BYTES, limit - over)
-            result = await read(stop=stop, max_bytes=limit)
-            reply = _reply(types, result)
+        return await _fitted(types, read, limit, 2 * part_cap)
     except (ValueError, LookupError) as exc:
         return _error(types, str(exc))
+
+
+async def _fitted(
+    types: Any, read: Callable[..., Awaitable[Found[Part] | Missing | Broken]], limit: Any, cap: int
+) -> Any:
+    """The reply to ``read(max_bytes=limit)``, read again smaller until it is carried in ``cap``.
+
+    The text travels as a JSON string: each quote, backslash or control character of the
+    part's JSON (and of the pointer in its header) is escaped once more; a part of quotes took
+    1.5x the cap. A reply that does not fit even with the smallest part is an error.
+    """
+    result = await read(max_bytes=limit)
+    reply = _reply(types, result)
+    for _ in range(_SHRINKS):
+        over = _carried_bytes(reply) - cap
+        if over <= 0 or not isinstance(result, Found) or limit <= MIN_MAX_BYTES:
+            break
+        limit = max(MIN_MAX_BYTES, limit - over)
+        result = await read(max_bytes=limit)
+        reply = _reply(types, result)
+    if _carried_bytes(reply) > cap:
+        return _error(types, "pointer is too long for this server's reply cap")
     return reply
 
 

@@ -183,6 +183,21 @@ async def test_a_part_whose_json_escapes_again_still_fits_the_cap(
             assert result.structured_content["part"]["value"]  # not cut to nothing
 
 
+async def test_a_pointer_whose_echo_escapes_past_the_cap_is_an_error(tmp_path: Path) -> None:
+    """The pointer is echoed in the header (escaped once more as the text's JSON string) and
+    in the structured content: one of 24,000 quotes took 144 KB of a 100 KB cap."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    value = {'"' * 24_000: 1, "pad": "x" * 20_000}
+    out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
+    async with Client(create_server(harness, max_bytes=100_000)) as client:
+        args = {"exact_ref": out.receipt.exact_ref, "pointer": "/" + '"' * 24_000}
+        result = await client.call_tool("read_exact", args)
+    assert len(result.model_dump_json(by_alias=True, exclude_none=True)) <= 100_000
+    assert result.is_error
+    assert isinstance(result.content[0], TextContent)
+    assert "pointer is too long" in result.content[0].text
+
+
 @pytest.mark.slow
 async def test_stdio_pages_a_20_mb_entry_within_the_cap(tmp_path: Path) -> None:
     """Over stdio, a 20 MB value pages through whole, no reply above the 100 KB default."""
