@@ -181,8 +181,8 @@ class _BackgroundLoop:
         self._stack: ExitStack | None = None
         self._portal: BlockingPortal | None = None
         # Models bound to this loop, closed on it before it stops; and those closed so.
-        self._models: weakref.WeakSet[Closable] = weakref.WeakSet()
-        self._closed: weakref.WeakSet[Closable] = weakref.WeakSet()
+        self._models = _Models()
+        self._closed = _Models()
         self._exiting = threading.Event()
         self._atexit_registered = False
 
@@ -226,13 +226,13 @@ class _BackgroundLoop:
         self._lock = threading.Lock()
         self._exiting = threading.Event()
         self._stack = self._portal = None
-        self._models = weakref.WeakSet()
-        self._closed = weakref.WeakSet()
+        self._models = _Models()
+        self._closed = _Models()
 
     def _portal_for(self, harness: HarnessLike) -> BlockingPortal:
         model = getattr(harness, "llm", None)
         with self._lock:
-            if isinstance(model, Closable) and _among(model, self._closed):
+            if isinstance(model, Closable) and model in self._closed:
                 # Run, it would fail every summary into the fallback, with no word of why.
                 raise RuntimeError(
                     "this harness's model was closed by response_compaction.sync.close();"
@@ -246,9 +246,7 @@ class _BackgroundLoop:
                     atexit.register(self.close_at_exit)
                     self._atexit_registered = True
             if isinstance(model, Closable):
-                # One that cannot be weakly referenced is left for its owner to close.
-                with contextlib.suppress(TypeError):
-                    self._models.add(model)
+                self._models.add(model)
             return self._portal
 
     def _start(self) -> BlockingPortal:
@@ -258,22 +256,41 @@ class _BackgroundLoop:
         # flight and stop the loop, then join its thread.
         stack.callback(thread.join)
         stack.callback(portal.call, portal.stop, True)
-        stack.callback(self._close_models, portal)
+        # This loop's own models: a call racing close() may start the next loop (and bind
+        # its model to it) before this one closes its models.
+        self._models = _Models()
+        stack.callback(self._close_models, portal, self._models)
         self._stack = stack
         return portal
 
-    def _close_models(self, portal: BlockingPortal) -> None:
-        models = list(self._models)
-        self._models.clear()
-        self._closed.update(models)
+    def _close_models(self, portal: BlockingPortal, bound: _Models) -> None:
+        models = bound.take()
+        with self._lock:
+            for model in models:
+                self._closed.add(model)
         portal.call(_aclose_all, models)
 
 
-def _among(model: Closable, models: weakref.WeakSet[Closable]) -> bool:
-    try:
-        return model in models
-    except TypeError:  # unhashable: never added either
-        return False
+class _Models:
+    """Models by identity (not equality: two equal clients are two clients), held weakly."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[Closable]] = {}
+
+    def add(self, model: Closable) -> None:
+        key = id(model)
+        # One that cannot be weakly referenced is left for its owner to close.
+        with contextlib.suppress(TypeError):
+            self._refs[key] = weakref.ref(model, lambda _: self._refs.pop(key, None))
+
+    def __contains__(self, model: object) -> bool:
+        ref = self._refs.get(id(model))
+        return ref is not None and ref() is model
+
+    def take(self) -> list[Closable]:
+        """Every model still alive, removed from here."""
+        refs, self._refs = self._refs, {}
+        return [model for ref in refs.values() if (model := ref()) is not None]
 
 
 def _portal_thread(backend: str) -> tuple[BlockingPortal, threading.Thread]:

@@ -196,6 +196,38 @@ def test_a_model_whose_close_hangs_does_not_hold_close(
     assert closing.is_set()
 
 
+def test_a_new_model_equal_to_a_closed_one_is_a_new_model(harness: rc.Harness) -> None:
+    """Models are told apart by identity: a fresh one that compares equal to one close()
+    closed (a dataclass of its settings) was refused as closed, and never closed itself."""
+    closed: list[int] = []
+
+    class Model(HangingModel):
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Model)
+
+        def __hash__(self) -> int:
+            return 1
+
+        async def aclose(self) -> None:
+            closed.append(id(self))
+
+    value = Exact(rows=[], total=0)
+    first, second = Model(), Model()
+    first_harness = rc.Harness(fs=harness.fs, llm=first)
+    assert (
+        sync.response_compact(first_harness, value, Exact, Summary, OPTIONS).output.value == value
+    )
+    sync.close()
+    second_harness = rc.Harness(fs=harness.fs, llm=second)
+    assert (
+        sync.response_compact(second_harness, value, Exact, Summary, OPTIONS).output.value == value
+    )
+    with pytest.raises(RuntimeError, match="closed by"):
+        sync.response_compact(first_harness, value, Exact, Summary, OPTIONS)
+    sync.close()
+    assert closed == [id(first), id(second)]
+
+
 _FORK_AFTER_USE = """
 import os, sys
 import response_compaction as rc
