@@ -42,6 +42,7 @@ from ._agent_text import MIN_TEXT_BYTES
 from ._compact import response_compact
 from ._options import resolve_options
 from ._refusals import decoded_or_text, is_refusal
+from ._store import open_store
 from .mcp import _import_mcp, create_server
 
 __all__ = ["ProxyConfig", "compact_tool_result", "open_proxy", "serve_proxy"]
@@ -77,11 +78,15 @@ _OWN_PREFIXES = ("OPENAI_", "RESPONSE_COMPACTION_")
 
 
 def _upstream_env(environ: Mapping[str, str], passed: Sequence[str] = ()) -> dict[str, str]:
-    """``environ`` without the proxy's own variables, but for those named in ``passed``."""
+    """``environ`` without the proxy's own variables, but for those named in ``passed``.
+
+    Names compare without case, as the prefixes do (Windows keeps them upper-cased).
+    """
+    kept = {name.upper() for name in passed}
     return {
         name: value
         for name, value in environ.items()
-        if name in passed or not name.upper().startswith(_OWN_PREFIXES)
+        if name.upper() in kept or not name.upper().startswith(_OWN_PREFIXES)
     }
 
 
@@ -224,6 +229,9 @@ async def open_proxy(command: str, args: Sequence[str], config: ProxyConfig) -> 
     resolve_options(config.options, config.summary_schema)  # bad options: fail before starting
     if config.text_bytes < MIN_TEXT_BYTES:  # not only once a large result has been stored
         raise ValueError(f"text_bytes must be >= {MIN_TEXT_BYTES}")
+    # A store that cannot be opened (a mistyped --root) fails here, not as a warning on every
+    # large result passed on uncompacted.
+    await open_store(config.harness.fs)
     env = _upstream_env(os.environ, config.pass_env) if config.env is None else dict(config.env)
     params = mcp.StdioServerParameters(command=command, args=list(args), env=env)
     reader_server = create_server(config.harness, max_bytes=config.max_bytes)

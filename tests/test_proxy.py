@@ -143,7 +143,7 @@ async def test_the_proxy_s_own_model_variables_are_withheld_from_the_upstream(
         "RESPONSE_COMPACTION_MODEL": "m",
         "GIVEN_TOKEN": "t",
     }
-    async with proxied(tmp_path, "--pass-env", "OPENAI_BASE_URL", **env) as client:
+    async with proxied(tmp_path, "--pass-env", "openai_base_url", **env) as client:
         result = await client.call_tool("env_names", {})
     assert result.structured_content == {"result": ["GIVEN_TOKEN", "OPENAI_BASE_URL"]}
 
@@ -271,6 +271,19 @@ async def test_a_result_the_store_fails_to_retain_passes_through_with_a_warning(
     (message,) = [r.getMessage() for r in caplog.records if "uncompacted" in r.getMessage()]
     assert "could not be stored" in message
     assert MARKER not in caplog.text
+
+
+async def test_a_store_that_cannot_be_opened_stops_the_proxy_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    """Not a proxy that passes every large result on uncompacted, with a warning each time."""
+    (tmp_path / "file").write_bytes(b"")
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path / "file"), llm=None)
+    started = tmp_path / "started"
+    with pytest.raises(rc.UnsafeStoreError, match="not a directory"):
+        async with open_proxy("sh", ["-c", f"touch {started}"], config(harness)):
+            pass
+    assert not started.exists()
 
 
 @pytest.mark.parametrize("script", ["exit 0", "echo hello", "exit 3"])
