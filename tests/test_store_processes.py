@@ -105,19 +105,26 @@ async def test_file_size_limit_fails_cleanly(tmp_path: Path, anyio_backend: str)
 
 
 async def _run_until_killed(ws: Path, backend: str, tag: str, lines: int) -> list[int]:
-    """Start a writing child, read ``lines`` completed references, SIGKILL it; return indexes."""
+    """Start a writing child, read ``lines`` completed references, SIGKILL it; return the
+    indexes of every reference it printed (those it printed after the ``lines`` too)."""
     done: list[int] = []
     async with await anyio.open_process(_child("loop", ws, backend, tag), cwd=REPO) as process:
         assert process.stdout is not None
         stdout = BufferedByteReceiveStream(process.stdout)
         while len(done) < lines:
-            line = await stdout.receive_until(b"\n", 1024)
-            index, ref = line.decode().split()
-            done.append(int(index))
-            assert ref == ref_of(loop_value(tag, int(index)))
+            done.append(_printed(tag, await stdout.receive_until(b"\n", 1024)))
         process.kill()
         assert await process.wait() == -9
+        rest = b"".join([chunk async for chunk in stdout])
+    # A line cut short by the kill is not a printed reference.
+    done.extend(_printed(tag, line) for line in rest.split(b"\n")[:-1])
     return done
+
+
+def _printed(tag: str, line: bytes) -> int:
+    index, ref = line.decode().split()
+    assert ref == ref_of(loop_value(tag, int(index)))
+    return int(index)
 
 
 async def _unbacked_rows_are_unprinted_and_missing(
@@ -128,10 +135,12 @@ async def _unbacked_rows_are_unprinted_and_missing(
     unbacked = index_rows(root) - entry_files(root)
     assert len(unbacked) <= KILL_ROUNDS  # at most one put in flight per writer
     last = {tag: max(index for t, index in printed if t == tag) for tag, _ in printed}
+    # Every printed line was read, so a put in flight is the one after the last printed, or
+    # (killed between its return and its print) the one after that.
     in_flight = {
         hex_of(value): value
         for tag, index in last.items()
-        for value in (loop_value(tag, later) for later in range(index + 1, index + 64))
+        for value in (loop_value(tag, index + 1), loop_value(tag, index + 2))
     }
     for key in unbacked:
         value = in_flight[key]  # KeyError: a row no put in flight could have left
