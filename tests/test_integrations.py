@@ -9,6 +9,7 @@ installed on this Python skips its tests; CI installs every extra (noxfile ``EXT
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import inspect
@@ -196,19 +197,27 @@ async def test_pydantic_ai_async_tool(compactor: Compactor) -> None:
 
 @asyncio_only
 async def test_pydantic_ai_sync_tool_runs_in_a_thread(compactor: Compactor) -> None:
-    """pydantic-ai: a plain-function tool runs in a worker thread, compacted on the loop."""
+    """pydantic-ai: a plain-function tool runs where Pydantic AI runs it (here the thread
+    executor the caller chose: a compacted tool ran in anyio's pool, outside Pydantic AI's
+    thread rules and tool timeout), and is compacted on the loop."""
     pytest.importorskip("pydantic_ai")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pydantic_ai import Agent
+
     from response_compaction.integrations.pydantic_ai import compacted_tool
 
-    on_loop_thread: list[bool] = []
+    threads: list[str] = []
 
     def big_records() -> dict[str, Any]:
         """Every record."""
-        on_loop_thread.append(threading.current_thread() is threading.main_thread())
+        threads.append(threading.current_thread().name)
         return records(3000)
 
-    tool_text, answer = await run_pydantic_ai(compacted_tool(compactor, big_records), compactor)
-    assert on_loop_thread == [False]
+    executor = ThreadPoolExecutor(1, thread_name_prefix="chosen")
+    with executor, Agent.using_thread_executor(executor):
+        tool_text, answer = await run_pydantic_ai(compacted_tool(compactor, big_records), compactor)
+    assert threads == ["chosen_0"]
     assert "exact_ref: rc1:" in tool_text
     assert msgspec.json.decode(answer)["part"]["value"] == RECORD_97
 
@@ -485,6 +494,23 @@ async def test_an_async_callable_object_is_awaited_not_stored(compactor: Compact
 
     assert await stored(compactor, await compactor.wrap(Search())()) == records(400)
     assert await stored(compactor, await compactor.wrap(logged(search))()) == records(401)
+
+
+async def test_a_plain_function_that_runs_a_coroutine_itself_runs_off_the_loop(
+    compactor: Compactor,
+) -> None:
+    """A blocking facade over a coroutine function (``functools.wraps`` and ``asyncio.run``)
+    is a plain function: it was taken for a coroutine function and run on the loop, where
+    ``asyncio.run`` raised."""
+
+    async def fetch() -> dict[str, Any]:
+        return records(400)
+
+    @functools.wraps(fetch)
+    def fetch_blocking() -> Any:
+        return asyncio.run(fetch())
+
+    assert await stored(compactor, await compactor.wrap(fetch_blocking)()) == records(400)
 
 
 async def test_the_read_back_checks_the_exact_schema_first(tmp_path: Path) -> None:

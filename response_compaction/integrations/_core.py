@@ -27,7 +27,7 @@ from .._read import response_compaction_read_part
 from .._refusals import decoded_or_text
 from ..mcp import echoed_bytes, read_result_as_dict, read_tool_function
 
-__all__ = ["READ_EXACT_DESCRIPTION", "AgentSummary", "Compactor"]
+__all__ = ["READ_EXACT_DESCRIPTION", "AgentSummary", "Compactor", "is_async"]
 
 READ_EXACT_DESCRIPTION = (
     "Read back part of the exact JSON value behind an exact_ref (from a compacted tool "
@@ -95,24 +95,43 @@ class Compactor:
     def wrap(self, tool: Callable[..., Any], *, artifact: bool = False) -> Callable[..., Any]:
         """``tool`` as a coroutine function (its signature and docstring) returning the text.
 
-        A plain function runs in a worker thread (anyio's, with its context) and the
+        A plain function runs in a worker thread (abandoned on cancellation, as
+        ``asyncio.to_thread`` does, so a framework's tool timeout still ends the call) and the
         compaction, as for a coroutine function, on the caller's event loop: a model client is
         bound to the loop it ran on, and the blocking facade's would be a second one (an
         agent with tools of both kinds got the fallback, ``error``, for every sync tool's
-        result). With ``artifact``, ``tool`` returns ``(content, artifact)``: the content is
-        compacted, the artifact passed on as it came.
+        result). What the function returns is awaited first if it is awaitable (a plain
+        decorator around a coroutine function). With ``artifact``, ``tool`` returns
+        ``(content, artifact)``: the content is compacted, the artifact passed on as it came.
         """
-        call = tool if _is_async(tool) else _in_thread(tool)
+        call = tool if is_async(tool) else _in_thread(tool)
 
         @functools.wraps(tool)
         async def run(*args: Any, **kwargs: Any) -> Any:
-            result = await call(*args, **kwargs)
-            if artifact:
-                content, extra = result
-                return await self.compact(content), extra
-            return await self.compact(result)
+            return await self._compacted(await call(*args, **kwargs), artifact)
 
         return _returning_text(run, tool, artifact)
+
+    def wrap_deferred(self, tool: Callable[..., Any]) -> Callable[..., Any]:
+        """``tool``, a plain function, returning the coroutine of its result's compaction.
+
+        For frameworks that run a plain function under their own thread rules (timeouts, no
+        threads at all) and then await what it returned on their loop (Pydantic AI).
+        """
+
+        @functools.wraps(tool)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return self._compacted(tool(*args, **kwargs), artifact=False)
+
+        return _returning_text(run, tool, artifact=False)
+
+    async def _compacted(self, result: Any, artifact: bool) -> Any:
+        if inspect.isawaitable(result):
+            result = await result
+        if artifact:
+            content, extra = result
+            return await self.compact(content), extra
+        return await self.compact(result)
 
     def wrap_sync(self, tool: Callable[..., Any], *, artifact: bool = False) -> Callable[..., Any]:
         """``tool``, a plain function, compacting through the blocking facade.
@@ -197,19 +216,24 @@ class Compactor:
         return read_exact
 
 
-def _is_async(tool: Callable[..., Any]) -> bool:
-    """Whether calling ``tool`` gives a coroutine.
+def is_async(tool: Callable[..., Any]) -> bool:
+    """Whether ``tool`` is a coroutine function, or an object whose ``__call__`` is one.
 
-    A coroutine function, an object whose ``__call__`` is one, or a plain decorator's wrapper
-    (``functools.wraps``) around one.
+    Not a plain function that only wraps one (``functools.wraps``): it may run the coroutine
+    itself (``asyncio.run``), which must not happen on the loop; it runs in a thread, and
+    what it returns is awaited there if it is awaitable.
     """
     call = type(tool).__call__ if not inspect.isroutine(tool) else None
-    return any(inspect.iscoroutinefunction(f) for f in (tool, call, inspect.unwrap(tool)))
+    return inspect.iscoroutinefunction(tool) or inspect.iscoroutinefunction(call)
 
 
 def _in_thread(tool: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
     async def call(*args: Any, **kwargs: Any) -> Any:
-        return await anyio.to_thread.run_sync(functools.partial(tool, *args, **kwargs))
+        # Boxed: trio refuses a thread's function whose result is a coroutine.
+        boxed = await anyio.to_thread.run_sync(
+            lambda: (tool(*args, **kwargs),), abandon_on_cancel=True
+        )
+        return boxed[0]
 
     return call
 

@@ -17,7 +17,8 @@ Needs ``pip install 'response-compaction[pydantic-ai]'``.
 
 A compacted tool returns :meth:`Compacted.to_agent_text` (bounded, with the ``exact_ref``);
 ``read_exact`` reads bounded parts back. Every result is compacted on the agent's event loop:
-a plain function runs in a worker thread, a coroutine function on the loop.
+a plain function runs where Pydantic AI runs it (a worker thread, with its timeout), a
+coroutine function on the loop.
 Pydantic models returned by a tool are retained as their JSON data (by alias).
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, overload
 
-from ._core import Compactor
+from ._core import Compactor, is_async
 
 if TYPE_CHECKING:
     from pydantic_ai import Tool
@@ -64,7 +65,11 @@ def compacted_tool(
     tool_class = _tool_class()
 
     def build(tool: Callable[..., Any]) -> Tool[Any]:
-        built: Tool[Any] = tool_class(compactor.wrap(tool), **tool_options)
+        # A plain function stays one, so Pydantic AI runs it under its own thread rules (a
+        # tool timeout, disable_threads): it returns the compaction's coroutine, which Pydantic
+        # AI awaits on the agent's loop.
+        wrapped = compactor.wrap(tool) if is_async(tool) else compactor.wrap_deferred(tool)
+        built: Tool[Any] = tool_class(wrapped, **tool_options)
         return built
 
     return build if func is None else build(func)
