@@ -345,32 +345,55 @@ async def test_prune_drops_a_row_whose_file_is_gone_unless_a_put_may_be_in_fligh
     assert await read(harness, B) == rc.Found(value=B)
 
 
-async def test_a_prune_between_a_small_put_s_commit_and_rename_keeps_its_row(
-    workspace: rc.LocalWorkspace, harness: rc.Harness, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("stale", [False, True], ids=["fresh temp", "temp an hour old"])
+async def test_a_prune_between_a_small_put_s_commit_and_rename_never_strands_a_receipt(
+    workspace: rc.LocalWorkspace, harness: rc.Harness, monkeypatch: pytest.MonkeyPatch, stale: bool
 ) -> None:
-    """A small put commits its row while its temp file's fsync runs, and renames after: a
-    prune in between (its fsync held) must not take the row, or the receipt reads Missing."""
+    """A small put commits its row while its temp file's fsync runs, and renames after. A
+    prune in between (that fsync held) keeps the row while the temp file is fresh. A temp file
+    over an hour old (a writer paused that long) is swept under the same lock first: the put,
+    let go the moment its row is gone, then fails at its rename (no receipt); swept after the
+    lock, it had renamed and handed out a receipt that read Missing."""
     real_fsync = os.fsync
     held, release = threading.Event(), threading.Event()
+    root = store_root(workspace)
 
     def fsync(fd: int) -> None:
         real_fsync(fd)
         if stat.S_ISREG(os.fstat(fd).st_mode) and not held.is_set():  # the temp file's
             held.set()
-            assert release.wait(60)
+            if stale:
+                _until(lambda: hex_of(A) not in index_rows(root))
+            else:
+                assert release.wait(60)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    root = store_root(workspace)
+    outcome: list[object] = []
+
+    async def put() -> None:
+        try:
+            outcome.append(await compact(harness, A))
+        except rc.StoreError as exc:
+            outcome.append(exc)
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(compact, harness, A)
+        tg.start_soon(put)
         assert await anyio.to_thread.run_sync(held.wait, 60)
         # The COMMIT runs beside the held fsync and sets no event: its row is looked for.
         await anyio.to_thread.run_sync(_until, lambda: hex_of(A) in index_rows(root))
+        if stale:
+            (temp,) = temp_files(root)
+            os.utime(root / "tmp" / temp, (time.time() - 7200,) * 2)
         store = await _store.open_store(workspace)
-        assert await store.prune() == 0
+        assert await store.prune() == (2 if stale else 0)  # the temp file and the row
         release.set()
-    assert index_rows(root) == entry_files(root) == {hex_of(A)}
-    assert await read(harness, A) == rc.Found(value=A)
+    if stale:
+        assert isinstance(outcome[0], rc.StoreError)
+        assert index_rows(root) == entry_files(root) == set()
+        assert await read(harness, A) == rc.Missing()
+    else:
+        assert index_rows(root) == entry_files(root) == {hex_of(A)}
+        assert await read(harness, A) == rc.Found(value=A)
 
 
 def _until(condition: Callable[[], bool]) -> None:

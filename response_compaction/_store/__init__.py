@@ -58,7 +58,7 @@ from ._fileio import FileBackend, current_backend
 from ._hit import renew_inline
 from ._medium import MEDIUM_BYTES, Medium
 from ._oneshot import SMALL_BYTES, put_small, unlink_unrecorded_at
-from ._paths import KINDS, PROCESS, ROOT_NAME, STALE_TEMP_SECONDS, Kind, sweep_temps
+from ._paths import KINDS, PROCESS, ROOT_NAME, STALE_TEMP_SECONDS, Kind
 from ._prune import prune_all, remove_entry
 from ._reads import NOT_INLINE, check_read, found_landing, read_checked, read_inline, record_read
 from ._roots import key_stamp, prepared_root
@@ -290,10 +290,7 @@ class Store(Medium):
         # Temp files carry real file times, so their age is judged by the real clock.
         stale = time.time() - STALE_TEMP_SECONDS
         async with self._using_index() as index:
-            removed = await self._patiently(prune_all, index, now, max_entries, stale)
-        with map_errors("could not sweep the store's temporary files"):
-            removed += await self._backend.run(sweep_temps, self.root, stale)
-        return removed
+            return await self._patiently(prune_all, index, now, max_entries, stale)
 
     async def remove(self, kind: Kind, key: str) -> None:
         """Delete one entry (row and file), e.g. one that ``verify`` found broken."""

@@ -6,17 +6,18 @@ Blocking; the store calls these through its file backend's worker threads.
 from __future__ import annotations
 
 from ._index import Index
-from ._paths import KINDS, Kind, has_fresh_temp
+from ._paths import KINDS, Kind, has_fresh_temp, sweep_temps
 from ._tree import Dirs
 
 __all__ = ["prune_all", "remove_entry"]
 
 
 def prune_all(index: Index, now: float, max_entries: int | None, temps_since: float) -> int:
-    """Evict expired and surplus entries, files no row names, and rows no file backs.
+    """Evict expired and surplus entries, stale temp files, and the files and rows left over.
 
-    Rows no file backs go only while no temp file is modified at or after ``temps_since``.
-    Returns how many entries went (a row and its file counted once).
+    Temp files modified before ``temps_since`` are stale; rows no file backs go only while no
+    temp file is modified at or after it; files no row names go.
+    Returns how many entries and temp files went (a row and its file counted once).
     """
     with index.transaction() as tx, Dirs(index.root) as dirs:
         tx.saw(now)
@@ -30,8 +31,12 @@ def prune_all(index: Index, now: float, max_entries: int | None, temps_since: fl
         # counts against the bound. One such put may be in flight: its temp file is then in
         # tmp/ until its rename, so tmp/ is looked at before the entries (a rename between
         # the two looks is seen by the second). No row is committed while we hold the lock.
-        # Not by the writers' clocks: one skewed clock, or a writer trimmed from the clocks
-        # table, made a put in flight look idle (its receipt then read Missing).
+        # By file times, as the temp sweep: judged by the writers' recorded clocks, one
+        # skewed clock, or a writer trimmed from the clocks table, made a put in flight look
+        # idle (its receipt then read Missing).
+        # Stale temp files go first, under the lock: a put whose temp file is swept fails at
+        # its rename (no receipt), never hands out one whose row this prune then drops.
+        removed += sweep_temps(index.root, temps_since)
         keep_unbacked = has_fresh_temp(index.root, temps_since)
         for kind in KINDS:
             recorded = tx.keys(kind)
