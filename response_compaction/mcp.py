@@ -237,22 +237,25 @@ async def _fitted(
     """
     result = await read(max_bytes=limit)
     reply = _reply(types, result)
+    carried = _carried_bytes(reply)
     for _ in range(_SHRINKS):
-        over = _carried_bytes(reply) - cap
-        if over <= 0 or not isinstance(result, Found) or limit <= MIN_MAX_BYTES:
+        if carried <= cap or not isinstance(result, Found) or limit <= MIN_MAX_BYTES:
             break
-        limit = max(MIN_MAX_BYTES, limit - over)
+        # In proportion (a byte of the part can cost three carried: a quote escaped twice in
+        # the text, once in the structured content; cutting by the overshoot alone paged 100
+        # KB of quotes in 1 KB replies), and a tenth under, for the reply's fixed part.
+        limit = max(MIN_MAX_BYTES, limit * cap // carried * 9 // 10)
         result = await read(max_bytes=limit)
         reply = _reply(types, result)
-    if _carried_bytes(reply) > cap:
+        carried = _carried_bytes(reply)
+    if carried > cap:
         return _error(types, "pointer is too long for this server's reply cap")
     return reply
 
 
 def _carried_bytes(reply: Any) -> int:
-    """A reply's text as the JSON string it travels as, plus its structured content's JSON."""
-    text = sum(len(msgspec.json.encode(block.text)) for block in reply.content)
-    return text + len(msgspec.json.encode(reply.structured_content))
+    """The reply as the SDK sends it (its own JSON: ``1e+300`` where msgspec writes ``1e300``)."""
+    return len(reply.model_dump_json(by_alias=True, exclude_none=True))
 
 
 def _error(types: Any, message: str) -> Any:

@@ -183,6 +183,32 @@ async def test_a_part_whose_json_escapes_again_still_fits_the_cap(
             assert result.structured_content["part"]["value"]  # not cut to nothing
 
 
+async def test_escaping_pages_stay_near_the_cap_and_floats_are_sized_as_sent(
+    tmp_path: Path,
+) -> None:
+    """100 KB of quotes pages in a few replies (a shrink by the overshoot alone cut them to
+    1 KB: 618 calls), and floats are sized as the SDK writes them (1.5e+300, not msgspec's
+    1.5e300: 20,000 of them made a 105 KB reply under a 100 KB cap)."""
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    value = {"q": '"' * 100_000, "f": [1.5e300] * 20_000}
+    out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
+    async with Client(create_server(harness, max_bytes=100_000)) as client:
+        pages, start = 0, 0
+        while start is not None:
+            args = {"exact_ref": out.receipt.exact_ref, "pointer": "/q", "start": start}
+            result = await client.call_tool("read_exact", args)
+            assert len(result.model_dump_json(by_alias=True, exclude_none=True)) <= 100_000
+            assert isinstance(result.structured_content, dict)
+            start = result.structured_content["part"].get("next_start")
+            pages += 1
+        assert pages <= 8
+        floats = await client.call_tool(
+            "read_exact", {"exact_ref": out.receipt.exact_ref, "pointer": "/f"}
+        )
+        assert not floats.is_error
+        assert len(floats.model_dump_json(by_alias=True, exclude_none=True)) <= 100_000
+
+
 async def test_a_pointer_whose_echo_escapes_past_the_cap_is_an_error(tmp_path: Path) -> None:
     """The pointer is echoed in the header (escaped once more as the text's JSON string) and
     in the structured content: one of 24,000 quotes took 144 KB of a 100 KB cap."""
