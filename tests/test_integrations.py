@@ -307,7 +307,7 @@ async def test_langchain_async_tool(compactor: Compactor) -> None:
 
 
 @asyncio_only
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", ["async", "sync", "sync via ainvoke"])
 async def test_langchain_content_and_artifact_compacts_the_content_only(
     compactor: Compactor, kind: str
 ) -> None:
@@ -330,8 +330,11 @@ async def test_langchain_content_and_artifact_compacts_the_content_only(
     fn.__doc__ = "Every record, and a handle."
     built = compacted_tool(compactor, fn, response_format="content_and_artifact")
     call = {"name": built.name, "args": {}, "id": "call-1", "type": "tool_call"}
-    message = await (built.ainvoke(call) if kind == "async" else anyio.to_thread.run_sync(
-        built.invoke, call))  # fmt: skip
+    if kind == "sync":
+        message = await anyio.to_thread.run_sync(built.invoke, call)
+    else:  # a plain function's tool has a coroutine too: run in a thread, compacted here
+        assert getattr(built, "coroutine", None) is not None
+        message = await built.ainvoke(call)
     assert isinstance(message, ToolMessage)
     assert message.artifact is artifact
     assert isinstance(message.content, str)

@@ -73,12 +73,12 @@ def compacted_tool(
             built: BaseTool = tool(compactor.wrap(fn, artifact=artifact), **tool_options)
             return built
         # Both: a sync agent (invoke) calls func, an async one (ainvoke) the coroutine, which
-        # runs the function in a thread and compacts on the agent's own loop.
-        return StructuredTool.from_function(
-            func=compactor.wrap_sync(fn, artifact=artifact),
-            coroutine=compactor.wrap(fn, artifact=artifact),
-            **tool_options,
-        )
+        # runs the function in a thread and compacts on the agent's own loop. Built by tool()
+        # like a coroutine function's, so both take the same options.
+        built = tool(compactor.wrap_sync(fn, artifact=artifact), **tool_options)
+        if isinstance(built, StructuredTool):
+            built.coroutine = compactor.wrap(fn, artifact=artifact)
+        return built
 
     return build if func is None else build(func)
 
