@@ -220,8 +220,8 @@ def is_async(tool: Callable[..., Any]) -> bool:
     """Whether ``tool`` is a coroutine function, or an object whose ``__call__`` is one.
 
     Not a plain function that only wraps one (``functools.wraps``): it may run the coroutine
-    itself (``asyncio.run``), which must not happen on the loop; it runs in a thread, and
-    what it returns is awaited there if it is awaitable.
+    itself (``asyncio.run``), which must not happen on the loop. It runs in a thread, and
+    what it returns, if awaitable, is awaited back on the loop.
     """
     call = type(tool).__call__ if not inspect.isroutine(tool) else None
     return inspect.iscoroutinefunction(tool) or inspect.iscoroutinefunction(call)
