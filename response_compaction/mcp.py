@@ -145,7 +145,7 @@ def add_read_exact_tool(
         raise ValueError(f"max_bytes must be >= {2 * MIN_MAX_BYTES + _REPLY_OVERHEAD}")
 
     read_exact = read_tool_function(
-        functools.partial(_answer, types, harness, exact_schema, part_cap)
+        functools.partial(_answer, types, harness, exact_schema, part_cap, max_bytes)
     )
     # The SDK passes a CallToolResult through as it is (no schema, no pretty-printed copy).
     read_exact.__annotations__["return"] = types.CallToolResult
@@ -195,6 +195,7 @@ async def _answer(
     harness: Any,
     exact_schema: Any,
     part_cap: int,
+    reply_cap: int,
     exact_ref: str,
     pointer: str,
     start: int | None,
@@ -202,10 +203,13 @@ async def _answer(
     max_bytes: int | None,
 ) -> Any:
     try:
-        # The pointer is echoed twice (header and structured content), the part's JSON too.
+        # The pointer is echoed twice (header and structured content), the part's JSON too;
+        # the text's copy travels escaped once more (a quote as \"): a fifth kept for that,
+        # which JSON of ordinary records (15-25% quotes) fits in one read.
         room = part_cap - echoed_bytes(pointer)
         if room < MIN_MAX_BYTES:
             return _error(types, "pointer is too long for this server's reply cap")
+        room = max(MIN_MAX_BYTES, room * 4 // 5)
         limit: Any = room if max_bytes is None else max_bytes  # not an int: read_part says so
         if type(max_bytes) is int:
             limit = min(max_bytes, room)
@@ -221,7 +225,7 @@ async def _answer(
             start=start,
             stop=stop,
         )
-        return await _fitted(types, read, limit, 2 * part_cap)
+        return await _fitted(types, read, limit, reply_cap)
     except (ValueError, LookupError) as exc:
         return _error(types, str(exc))
 
