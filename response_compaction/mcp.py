@@ -259,7 +259,7 @@ async def _fitted(
 
 def _carried_bytes(reply: Any) -> int:
     """The reply as the SDK sends it (its own JSON: ``1e+300`` where msgspec writes ``1e300``)."""
-    return len(reply.model_dump_json(by_alias=True, exclude_none=True))
+    return len(reply.model_dump_json(by_alias=True, exclude_none=True).encode())  # bytes
 
 
 def _error(types: Any, message: str) -> Any:

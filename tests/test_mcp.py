@@ -187,10 +187,11 @@ async def test_escaping_pages_stay_near_the_cap_and_floats_are_sized_as_sent(
     tmp_path: Path,
 ) -> None:
     """100 KB of quotes pages in a few replies (a shrink by the overshoot alone cut them to
-    1 KB: 618 calls), and floats are sized as the SDK writes them (1.5e+300, not msgspec's
-    1.5e300: 20,000 of them made a 105 KB reply under a 100 KB cap)."""
+    1 KB: 618 calls); floats are sized as the SDK writes them (1.5e+300, not msgspec's
+    1.5e300: 20,000 of them made a 105 KB reply under a 100 KB cap), and in bytes (emoji
+    counted as characters made a 101 KB one)."""
     harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
-    value = {"q": '"' * 100_000, "f": [1.5e300] * 20_000}
+    value = {"q": '"' * 100_000, "f": [1.5e300] * 20_000, "e": ["\U0001f600" * 10] * 20_000}
     out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
     async with Client(create_server(harness, max_bytes=100_000)) as client:
         pages, start = 0, 0
@@ -202,11 +203,12 @@ async def test_escaping_pages_stay_near_the_cap_and_floats_are_sized_as_sent(
             start = result.structured_content["part"].get("next_start")
             pages += 1
         assert pages <= 8
-        floats = await client.call_tool(
-            "read_exact", {"exact_ref": out.receipt.exact_ref, "pointer": "/f"}
-        )
-        assert not floats.is_error
-        assert len(floats.model_dump_json(by_alias=True, exclude_none=True)) <= 100_000
+        for pointer in ("/f", "/e"):  # emoji: 4 bytes each, one character of the JSON text
+            args = {"exact_ref": out.receipt.exact_ref, "pointer": pointer}
+            result = await client.call_tool("read_exact", args)
+            assert not result.is_error
+            sent = result.model_dump_json(by_alias=True, exclude_none=True).encode()
+            assert len(sent) <= 100_000
 
 
 async def test_a_pointer_whose_echo_escapes_past_the_cap_is_an_error(tmp_path: Path) -> None:
