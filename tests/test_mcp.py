@@ -191,7 +191,11 @@ async def test_escaping_pages_stay_near_the_cap_and_floats_are_sized_as_sent(
     1.5e300: 20,000 of them made a 105 KB reply under a 100 KB cap), and in bytes (emoji
     counted as characters made a 101 KB one)."""
     harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
-    value = {"q": '"' * 100_000, "f": [1.5e300] * 20_000, "e": ["\U0001f600" * 10] * 20_000}
+    value = {
+        "q": '"' * 100_000,
+        "f": [1.5e300] * 20_000,
+        "e": ['"' * 8 + "\U0001f600" * 3] * 20_000,
+    }
     out = await rc.response_compact(harness, value, Any, Summary, OPTIONS)
     async with Client(create_server(harness, max_bytes=100_000)) as client:
         pages, start = 0, 0
@@ -203,7 +207,7 @@ async def test_escaping_pages_stay_near_the_cap_and_floats_are_sized_as_sent(
             start = result.structured_content["part"].get("next_start")
             pages += 1
         assert pages <= 8
-        for pointer in ("/f", "/e"):  # emoji: 4 bytes each, one character of the JSON text
+        for pointer in ("/f", "/e"):  # emoji: 4 bytes each, one character of the reply's text
             args = {"exact_ref": out.receipt.exact_ref, "pointer": pointer}
             result = await client.call_tool("read_exact", args)
             assert not result.is_error
