@@ -342,6 +342,24 @@ async def test_langchain_content_and_artifact_compacts_the_content_only(
     assert len(message.content.encode()) <= 16000
 
 
+@asyncio_only
+async def test_langchain_plain_tool_without_an_inferred_schema_keeps_its_coroutine(
+    compactor: Compactor,
+) -> None:
+    """infer_schema=False makes a Tool, not a StructuredTool: its coroutine was left unset,
+    so ainvoke compacted through the blocking facade's loop."""
+    pytest.importorskip("langchain_core")
+    from response_compaction.integrations.langchain import compacted_tool
+
+    def big(query: str) -> dict[str, Any]:
+        """Every record."""
+        return records(3000)
+
+    built = compacted_tool(compactor, big, infer_schema=False)
+    assert getattr(built, "coroutine", None) is not None
+    assert "exact_ref: rc1:" in await built.ainvoke("q")
+
+
 def test_langchain_middleware_on_a_sync_agent(compactor: Compactor) -> None:
     """LangChain middleware on a sync agent (invoke): every large result compacted, read back."""
     pytest.importorskip("langchain")

@@ -26,18 +26,17 @@ blocking facade.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, overload
 
 import msgspec
 
 from .._options import resolve_options
-from ._core import READ_EXACT_DESCRIPTION, Compactor
+from ._core import READ_EXACT_DESCRIPTION, Compactor, is_async
 
 try:
     from langchain_core.messages import ToolMessage
-    from langchain_core.tools import BaseTool, StructuredTool, tool
+    from langchain_core.tools import BaseTool, StructuredTool, Tool, tool
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised by the missing-extra test
     raise ModuleNotFoundError(
         "this adapter needs LangChain: pip install 'response-compaction[langchain]'",
@@ -69,14 +68,14 @@ def compacted_tool(
     artifact = tool_options.get("response_format") == "content_and_artifact"
 
     def build(fn: Callable[..., Any]) -> BaseTool:
-        if inspect.iscoroutinefunction(fn):
+        if is_async(fn):
             built: BaseTool = tool(compactor.wrap(fn, artifact=artifact), **tool_options)
             return built
         # Both: a sync agent (invoke) calls func, an async one (ainvoke) the coroutine, which
         # runs the function in a thread and compacts on the agent's own loop. Built by tool()
         # like a coroutine function's, so both take the same options.
         built = tool(compactor.wrap_sync(fn, artifact=artifact), **tool_options)
-        if isinstance(built, StructuredTool):
+        if isinstance(built, StructuredTool | Tool):  # Tool: with infer_schema=False
             built.coroutine = compactor.wrap(fn, artifact=artifact)
         return built
 
