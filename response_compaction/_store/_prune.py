@@ -21,11 +21,11 @@ def prune_all(index: Index, now: float, max_entries: int | None, temps_since: fl
     """
     with index.transaction() as tx, Dirs(index.root) as dirs:
         tx.saw(now)
-        victims = tx.victims(KINDS, now, max_entries)
-        for kind, key in victims:
-            tx.delete(kind, key)
-            dirs.unlink(kind, key)
-        removed = len(victims)
+        # tmp/ first, before anything is unlinked: a failure there rolls back a transaction
+        # that has changed nothing on disk yet. Stale temp files go under the lock: a put
+        # whose temp file is swept fails at its rename (no receipt), never hands out one whose
+        # row this prune then drops.
+        removed = sweep_temps(index.root, temps_since)
         # A row with no file: a small put that died or failed between its COMMIT and its
         # rename (``publish_recorded``), or a file removed by hand; it reads Missing and
         # counts against the bound. One such put may be in flight: its temp file is then in
@@ -34,10 +34,12 @@ def prune_all(index: Index, now: float, max_entries: int | None, temps_since: fl
         # By file times, as the temp sweep: judged by the writers' recorded clocks, one
         # skewed clock, or a writer trimmed from the clocks table, made a put in flight look
         # idle (its receipt then read Missing).
-        # Stale temp files go first, under the lock: a put whose temp file is swept fails at
-        # its rename (no receipt), never hands out one whose row this prune then drops.
-        removed += sweep_temps(index.root, temps_since)
         keep_unbacked = has_fresh_temp(index.root, temps_since)
+        victims = tx.victims(KINDS, now, max_entries)
+        for kind, key in victims:
+            tx.delete(kind, key)
+            dirs.unlink(kind, key)
+        removed += len(victims)
         for kind in KINDS:
             recorded = tx.keys(kind)
             files = set(dirs.entry_files(kind))
