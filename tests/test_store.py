@@ -357,10 +357,13 @@ async def test_a_prune_between_a_small_put_s_commit_and_rename_never_strands_a_r
     real_fsync = os.fsync
     held, release = threading.Event(), threading.Event()
     root = store_root(workspace)
+    await compact(harness, B)  # the store made first: the one file fsynced next is A's temp
 
     def fsync(fd: int) -> None:
         real_fsync(fd)
         if stat.S_ISREG(os.fstat(fd).st_mode) and not held.is_set():  # the temp file's
+            # Held until the row, committed beside this fsync (no event says so), is there.
+            _until(lambda: hex_of(A) in index_rows(root))
             held.set()
             if stale:
                 _until(lambda: hex_of(A) not in index_rows(root))
@@ -379,8 +382,6 @@ async def test_a_prune_between_a_small_put_s_commit_and_rename_never_strands_a_r
     async with anyio.create_task_group() as tg:
         tg.start_soon(put)
         assert await anyio.to_thread.run_sync(held.wait, 60)
-        # The COMMIT runs beside the held fsync and sets no event: its row is looked for.
-        await anyio.to_thread.run_sync(_until, lambda: hex_of(A) in index_rows(root))
         if stale:
             (temp,) = temp_files(root)
             os.utime(root / "tmp" / temp, (time.time() - 7200,) * 2)
@@ -389,10 +390,10 @@ async def test_a_prune_between_a_small_put_s_commit_and_rename_never_strands_a_r
         release.set()
     if stale:
         assert isinstance(outcome[0], rc.StoreError)
-        assert index_rows(root) == entry_files(root) == set()
+        assert index_rows(root) == entry_files(root) == {hex_of(B)}
         assert await read(harness, A) == rc.Missing()
     else:
-        assert index_rows(root) == entry_files(root) == {hex_of(A)}
+        assert index_rows(root) == entry_files(root) == {hex_of(A), hex_of(B)}
         assert await read(harness, A) == rc.Found(value=A)
 
 
