@@ -345,6 +345,21 @@ async def test_prune_drops_a_row_whose_file_is_gone_unless_a_put_may_be_in_fligh
     assert await read(harness, B) == rc.Found(value=B)
 
 
+async def test_a_row_with_no_file_does_not_count_against_prune_s_bound(
+    workspace: rc.LocalWorkspace, harness: rc.Harness
+) -> None:
+    """Bounded to 2 with C's file gone, prune drops C's row and keeps A and B: the row was
+    counted first, so A (the least recently used) was evicted in its place."""
+    for value in (A, B, C):
+        await compact(harness, value)
+    root = store_root(workspace)
+    entry_path(root, hex_of(C)).unlink()
+    store = await _store.open_store(workspace)
+    assert await store.prune(max_entries=2) == 1
+    assert index_rows(root) == entry_files(root) == {hex_of(A), hex_of(B)}
+    assert await read(harness, A) == rc.Found(value=A)
+
+
 @pytest.mark.parametrize("stale", [False, True], ids=["fresh temp", "temp an hour old"])
 async def test_a_prune_between_a_small_put_s_commit_and_rename_never_strands_a_receipt(
     workspace: rc.LocalWorkspace, harness: rc.Harness, monkeypatch: pytest.MonkeyPatch, stale: bool

@@ -35,11 +35,6 @@ def prune_all(index: Index, now: float, max_entries: int | None, temps_since: fl
         # skewed clock, or a writer trimmed from the clocks table, made a put in flight look
         # idle (its receipt then read Missing).
         keep_unbacked = has_fresh_temp(index.root, temps_since)
-        victims = tx.victims(KINDS, now, max_entries)
-        for kind, key in victims:
-            tx.delete(kind, key)
-            dirs.unlink(kind, key)
-        removed += len(victims)
         for kind in KINDS:
             recorded = tx.keys(kind)
             files = set(dirs.entry_files(kind))
@@ -51,6 +46,13 @@ def prune_all(index: Index, now: float, max_entries: int | None, temps_since: fl
             for key in unbacked:
                 tx.delete(kind, key)
             removed += len(files - recorded) + len(unbacked)
+        # Last: rows with no file no longer count against the bound (one such row counted
+        # made the least recently used live entry go in its place).
+        victims = tx.victims(KINDS, now, max_entries)
+        for kind, key in victims:
+            tx.delete(kind, key)
+            dirs.unlink(kind, key)
+        removed += len(victims)
     return removed
 
 
