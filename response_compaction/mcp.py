@@ -64,6 +64,9 @@ DEFAULT_MAX_BYTES = 100_000
 _REPLY_OVERHEAD = 1024
 #: Smaller reads at most, for a reply whose escaped text overshot the cap.
 _SHRINKS = 4
+#: The smallest server cap: a part of ``MIN_MAX_BYTES`` twice, the empty pointer's ``""``
+#: twice, and the rest of a reply.
+_SMALLEST_CAP = 2 * (MIN_MAX_BYTES + 2) + _REPLY_OVERHEAD
 
 READ_EXACT_DESCRIPTION = (
     "Read the exact JSON value behind an exact_ref (a string like 'rc1:' + 64 hex characters) "
@@ -141,8 +144,10 @@ def add_read_exact_tool(
     """
     types = _import_mcp("mcp.types")
     part_cap = (max_bytes - _REPLY_OVERHEAD) // 2
-    if part_cap < MIN_MAX_BYTES:
-        raise ValueError(f"max_bytes must be >= {2 * MIN_MAX_BYTES + _REPLY_OVERHEAD}")
+    # Room for a part of MIN_MAX_BYTES beside the shortest pointer echoed ('""'): at 1536
+    # every read answered that the pointer was too long.
+    if part_cap - echoed_bytes("") < MIN_MAX_BYTES:
+        raise ValueError(f"max_bytes must be >= {_SMALLEST_CAP}")
 
     read_exact = read_tool_function(
         functools.partial(_answer, types, harness, exact_schema, part_cap, max_bytes)

@@ -332,3 +332,16 @@ def test_cap_too_small_for_a_part_is_refused(harness: rc.Harness) -> None:
     """A server cap that cannot hold a 256-byte part twice plus the header is refused."""
     with pytest.raises(ValueError, match="max_bytes"):
         create_server(harness, max_bytes=1500)
+    with pytest.raises(ValueError, match="max_bytes must be >= 1540"):
+        create_server(harness, max_bytes=1539)
+
+
+async def test_the_smallest_cap_allowed_answers_reads(harness: rc.Harness) -> None:
+    """At 1536, accepted, every read answered that the pointer was too long (even '')."""
+    value = big_exact(300)
+    out = await rc.response_compact(harness, value, Exact, Summary, OPTIONS)
+    async with Client(create_server(harness, max_bytes=1540)) as client:
+        for ref in (out.receipt.exact_ref, "rc1:" + "0" * 64):
+            result = await client.call_tool("read_exact", {"exact_ref": ref})
+            assert not result.is_error, result.content
+            assert len(result.model_dump_json(by_alias=True, exclude_none=True).encode()) <= 1540
