@@ -31,7 +31,6 @@ __all__ = [
     "check_ancestors",
     "check_stat",
     "fsync_parent",
-    "has_fresh_temp",
     "open_dir",
     "open_fanout",
     "open_regular",
@@ -245,36 +244,23 @@ def _make_fanouts(root_fd: int, kind: Kind) -> None:
         os.close(kind_fd)
 
 
-def has_fresh_temp(root: str, since: float) -> bool:
-    """Whether ``root/tmp`` holds a file modified at or after ``since``.
+def sweep_temps(root: str, older_than: float) -> tuple[int, bool]:
+    """Remove temporary files left by writers that died: (how many, whether a fresh one is left).
 
-    Then a put may be writing, or between its row's COMMIT and its rename
-    (``_commit.publish_recorded``).
-    """
-    tmp_fd = open_dir(os.path.join(root, "tmp"), create=False)
-    try:
-        for name in os.listdir(tmp_fd):
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(name, dir_fd=tmp_fd, follow_symlinks=False).st_mtime >= since:
-                    return True
-    finally:
-        os.close(tmp_fd)
-    return False
-
-
-def sweep_temps(root: str, older_than: float) -> int:
-    """Remove temporary files left by writers that died; return how many.
+    Fresh: modified at or after ``older_than``; a put may be writing it, or be between its
+    row's COMMIT and its rename (``_commit.publish_recorded``).
 
     Only regular files and symlinks are removed. Anything else (a directory, a socket) was not
     made by a writer; it is left alone and never stops the sweep or the process.
     """
-    removed = 0
+    removed, fresh = 0, False
     tmp_fd = open_dir(os.path.join(root, "tmp"), create=False)
     try:
         for name in os.listdir(tmp_fd):
             try:
                 st = os.stat(name, dir_fd=tmp_fd, follow_symlinks=False)
                 if st.st_mtime >= older_than:
+                    fresh = True
                     continue
                 if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                     os.unlink(name, dir_fd=tmp_fd)
@@ -287,7 +273,7 @@ def sweep_temps(root: str, older_than: float) -> int:
                 continue
     finally:
         os.close(tmp_fd)
-    return removed
+    return removed, fresh
 
 
 def opener(dir_fd: int | None, mode: int) -> Callable[[str, int], int]:

@@ -6,7 +6,7 @@ Blocking; the store calls these through its file backend's worker threads.
 from __future__ import annotations
 
 from ._index import Index
-from ._paths import KINDS, Kind, has_fresh_temp, sweep_temps
+from ._paths import KINDS, Kind, sweep_temps
 from ._tree import Dirs
 
 __all__ = ["prune_all", "remove_entry"]
@@ -25,7 +25,7 @@ def prune_all(index: Index, now: float, max_entries: int | None, temps_since: fl
         # that has changed nothing on disk yet. Stale temp files go under the lock: a put
         # whose temp file is swept fails at its rename (no receipt), never hands out one whose
         # row this prune then drops.
-        removed = sweep_temps(index.root, temps_since)
+        removed, keep_unbacked = sweep_temps(index.root, temps_since)  # a fresh temp left?
         # A row with no file: a small put that died or failed between its COMMIT and its
         # rename (``publish_recorded``), or a file removed by hand; it reads Missing and
         # counts against the bound. One such put may be in flight: its temp file is then in
@@ -34,7 +34,6 @@ def prune_all(index: Index, now: float, max_entries: int | None, temps_since: fl
         # By file times, as the temp sweep: judged by the writers' recorded clocks, one
         # skewed clock, or a writer trimmed from the clocks table, made a put in flight look
         # idle (its receipt then read Missing).
-        keep_unbacked = has_fresh_temp(index.root, temps_since)
         for kind in KINDS:
             recorded = tx.keys(kind)
             files = set(dirs.entry_files(kind))
