@@ -135,6 +135,12 @@ class Head:
         return cls(1 << 62 if whole else options.shown_bytes)
 
     def watch(self, pieces: Iterable[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+        """``pieces``, the head kept as they pass (nothing in between when none is kept)."""
+        if self._limit <= 0:
+            return iter(pieces)
+        return self._watching(pieces)
+
+    def _watching(self, pieces: Iterable[bytes | memoryview]) -> Iterator[bytes | memoryview]:
         for piece in pieces:
             if self._size < self._limit:
                 part = bytes(piece[: self._limit - self._size])

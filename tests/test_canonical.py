@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import response_compaction as rc
-from response_compaction._canonical import canonical_bytes, iter_canonical, to_exact_value
+from response_compaction._canonical import Span, canonical_bytes, iter_canonical, to_exact_value
 from tests._store_support import (
     HYPOTHESIS,
     TEST_KEY,
@@ -184,6 +184,37 @@ def test_large_values_are_really_chunked() -> None:
     assert len(pieces) > 100
     assert b"".join(pieces) == canonical(value)
     assert max(len(p) for p in pieces) < 2048
+
+
+def test_a_small_value_of_short_containers_is_one_piece_without_a_layout() -> None:
+    """Up to 16 items a container and 64 KB in all: one encoder call, nothing to slice."""
+    value = Outer(zeta=[Inner(b=f"n{i}", a=i) for i in range(16)], alpha={"a": 1.0})
+    layout: list[Span] = []
+    pieces = [bytes(p) for p in iter_canonical(value, layout=layout)]
+    assert pieces == [canonical(value)]
+    assert layout == []
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        # 17 items: the walk slices and records it, however small.
+        pytest.param(
+            Outer(zeta=[Inner(b="x", a=i) for i in range(17)], alpha={}), "zeta", id="17-items"
+        ),
+        # Short containers, but over 64 KB: streamed after all, with its layout.
+        pytest.param(Outer(zeta=[Inner(b="x" * 40_000, a=i) for i in range(2)], alpha={}), "zeta"),
+        pytest.param([Inner(b="x", a=i) for i in range(17)], None, id="top-level-list"),
+    ],
+)
+def test_a_long_container_or_a_large_value_is_streamed_with_its_layout(
+    value: Any, field: str | None
+) -> None:
+    layout: list[Span] = []
+    pieces = [bytes(p) for p in iter_canonical(value, layout=layout)]
+    assert len(pieces) > 1
+    assert b"".join(pieces) == canonical(value)
+    assert [span.field for span in layout] == [field]
 
 
 # ----------------------------------------------------------------------------- round trips
