@@ -22,6 +22,8 @@ import msgspec
 from ._encoding import ENCODER, RefusedError, encode_checked
 from ._pydantic import pydantic_plain
 from ._refusals import first_problem, refused
+from ._span import Span
+from ._whole import FIRST_SLICE, WHOLE_BYTES, few_items, spans_in
 
 __all__ = ["PIECE_BYTES", "TOO_DEEP", "Span", "iter_canonical"]
 
@@ -30,7 +32,6 @@ __all__ = ["PIECE_BYTES", "TOO_DEEP", "Span", "iter_canonical"]
 PIECE_BYTES = 1 << 20
 
 _HOLE = re.compile(rb"\x00(\d+)\x00")
-_FIRST_SLICE = 16
 #: An array or object whose sample projects at most this many times ``piece_bytes`` is
 #: encoded in one piece: slicing it costs more (a copy of each slice, one encoder call and
 #: one scan per slice: 3.3 against 1.5 ms for 1 MB of short strings) than it saves.
@@ -40,38 +41,10 @@ _MAPPING_SHARE = 4
 #: A large dict's keys are checked this many at a time, one step of the loop each (mapping).
 _KEY_RUN = 1 << 16
 _Items = list[Any] | tuple[Any, ...] | dict[str, Any]
-#: A value of short containers is encoded in one call up to this size, without a layout: a
-#: read decodes one this small whole (``_store._verify.GC_PAUSE_BYTES``). For 2 KB of rows
-#: the streamed walk took 16 us against 3 us in one call, and a 2 KB compaction's loop
-#: thread 160-176 against 116 us (tmpfs, min of 3000).
-_WHOLE_BYTES = 64 << 10
 TOO_DEEP = (
     "exact_response nests too deeply for canonical JSON (the bound is Python's recursion"
     " limit, about 1000 levels by default)"
 )
-
-
-class Span(msgspec.Struct, frozen=True, array_like=True):
-    """Where a streamed array (or object) lies in the canonical bytes, for a sliced decode.
-
-    ``field`` is the encoded field name in a top-level struct, or None when the array is the
-    top-level value; ``start``/``end`` bound its brackets; ``slices`` are the ``[a, b)`` byte
-    ranges of each slice's elements (consecutive slices are separated by one comma);
-    ``counts`` the number of items the writer put in each slice. ``seal`` is set by the store
-    (HMAC under its key, see ``_slices.seal_layout``): only a sealed span's counts are ever
-    believed. ``mapping`` marks a string-keyed object streamed in sorted key slices (its
-    ``start``/``end`` bound its braces). All three have defaults, so layouts written before
-    them still decode, and a reader that does not know them ignores them (array-like structs
-    drop trailing elements; an older reader's bracket check refuses a mapping span).
-    """
-
-    field: str | None
-    start: int
-    end: int
-    slices: tuple[tuple[int, int], ...]
-    counts: tuple[int, ...] = ()
-    seal: str = ""
-    mapping: bool = False
 
 
 def iter_canonical(
@@ -122,19 +95,37 @@ class _Stream:
         return piece
 
     def top(self, value: Any) -> Iterator[bytes | memoryview]:
-        """The whole value: in one call when it is small and its containers short, else streamed.
+        """The whole value: in one call when its containers are few and short, else streamed.
 
-        Streamed, each container of at most ``_FIRST_SLICE`` items is one encoder call anyway
-        (its first slice), so one call for them all holds the loop no longer than a few of
-        those; the walk between them (placeholders, slices, spans) is what it saves.
+        Streamed, each container of at most ``FIRST_SLICE`` items is one encoder call anyway
+        (its first slice), so one call for a few of them holds the loop no longer than a few
+        of those; the walk between them (placeholders, slices, spans) is what it saves. From
+        ``WHOLE_BYTES`` up, the layout the walk would record is found in the encoding, a step
+        apart, and the encoding is handed on in pieces.
         """
-        if _few_items(value):
+        if not few_items(value):
+            yield from self.value(value, top=True)
+            return
+        try:
             whole = self.encode(value)
-            if len(whole) <= min(_WHOLE_BYTES, self.piece_bytes):
-                yield self.emit(whole)
+        except RefusedError:
+            raise
+        except ValueError:  # a Raw beside non-str keys: only encoded apart, by the walk
+            yield from self.value(value, top=True)
+            return
+        if len(whole) <= WHOLE_BYTES:
+            yield self.emit(whole)
+            return
+        yield self.emit(b"")  # a step of its own
+        if self.spans is not None:
+            spans = spans_in(value, whole)
+            if spans is None:  # not found: the walk records them (encoded twice, rare)
+                yield from self.value(value, top=True)
                 return
-            # Larger: streamed after all, for its layout (encoded twice, shapes this rare).
-        yield from self.value(value, top=True)
+            self.spans += spans
+        view = memoryview(whole)
+        for at in range(0, len(whole), self.piece_bytes):
+            yield self.emit(view[at : at + self.piece_bytes])
 
     def value(
         self, value: Any, *, top: bool = False, field: str | None = None
@@ -156,7 +147,7 @@ class _Stream:
         yield self.emit(b"[")
         slices: list[tuple[int, int]] = []
         counts: list[int] = []
-        start, step, count = 0, _FIRST_SLICE, len(seq)
+        start, step, count = 0, FIRST_SLICE, len(seq)
         whole = self.one_piece(seq, count)
         if whole is not None:
             began = self.pos
@@ -218,7 +209,7 @@ class _Stream:
             keys.sort()
         slices: list[tuple[int, int]] = []
         counts: list[int] = []
-        start, step, count = 0, _FIRST_SLICE, len(keys)
+        start, step, count = 0, FIRST_SLICE, len(keys)
         while start < count:
             if start:
                 yield self.emit(b",")
@@ -297,25 +288,6 @@ class _Stream:
             yield from self.value(getattr(value, name), field=encoded_names[name] if top else None)
         if parts[-1]:
             yield self.emit(parts[-1])
-
-
-def _few_items(value: Any) -> bool:
-    """Whether no container the streamed walk would cut or descend into has over 16 items.
-
-    A struct field that is a struct is descended into by the walk: not looked into here.
-    """
-    if isinstance(value, list | tuple | dict):
-        return len(value) <= _FIRST_SLICE
-    if not isinstance(value, msgspec.Struct) or value.__struct_config__.omit_defaults:
-        return True  # one call when streamed too
-    for name in value.__struct_fields__:
-        field = getattr(value, name)
-        if isinstance(field, list | tuple | dict):
-            if len(field) > _FIRST_SLICE:
-                return False
-        elif isinstance(field, msgspec.Struct):
-            return False
-    return True
 
 
 def _str_keys(keys: list[Any]) -> bool:
