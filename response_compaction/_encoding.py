@@ -56,15 +56,19 @@ class TooDeepError(ValueError):
     """A decode ran out of stack; on a shallower one (a worker thread's) it may not."""
 
 
-def encode_checked(value: Any, *, scan_nulls: bool = True) -> bytes:
+def encode_checked(value: Any, *, scan_nulls: bool = True, str_keys: bool = False) -> bytes:
     """``value``'s canonical JSON; :class:`RefusedError` if it would not be ``value``.
 
     ``scan_nulls=False`` leaves a NaN or infinity written as ``null`` to the caller, whose
     schema refuses ``null`` wherever a NaN could stand (``_nulls.nulls_left_to_schema``).
+    ``str_keys=True``: the encoder's ``TypeError`` (a non-str key, or a type it cannot write)
+    is raised as it is, for a caller that then encodes the value in parts.
     """
     try:
         data = ENCODER.encode(value)
     except TypeError:
+        if str_keys:
+            raise
         return _encode_non_str_keys(value)
     except UnicodeEncodeError:
         _refuse(value)  # names the path of the string that could not be encoded

@@ -24,8 +24,8 @@ FIRST_SLICE = 16
 #: Up to this size a value encoded in one call needs no layout: a read decodes one this small
 #: whole (``_store._verify.GC_PAUSE_BYTES``).
 WHOLE_BYTES = 64 << 10
-#: A struct with more fields of two items or more than this is streamed: one call for all of
-#: them would hold the loop as long as this many of the walk's longest calls and more.
+#: A struct with more fields that hold items than this is streamed: one call for all of them
+#: would hold the loop as long as this many of the walk's longest calls and more.
 _FEW_FIELDS = 4
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
@@ -34,7 +34,7 @@ def few_items(value: Any) -> bool:
     """Whether the walk would encode ``value`` in a few calls (then one call will do).
 
     No container it would cut or descend into (of over ``FIRST_SLICE`` items), and at most
-    ``_FEW_FIELDS`` fields of a struct that are arrays or objects of two items or more.
+    ``_FEW_FIELDS`` fields of a struct that are arrays or objects of one item or more.
     Lengths are the containers' own (what the encoder writes), not what a subclass says.
     """
     if isinstance(value, list | tuple | dict):
@@ -48,7 +48,7 @@ def few_items(value: Any) -> bool:
             items = _items(field)
             if items > FIRST_SLICE:
                 return False
-            several += items > 1
+            several += items > 0  # the walk's call of its own, whatever its items hold
         elif isinstance(field, msgspec.Struct):
             return False  # descended into by the walk: not looked into here
     return several <= _FEW_FIELDS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -309,12 +310,39 @@ class Five(msgspec.Struct):
     e: list[int]
 
 
+def test_fields_of_one_item_count_as_the_walk_s_calls() -> None:
+    """Five fields of one item each: the walk, which encodes each field in a call of its own."""
+    five = Five(a=[1], b=[3], c={"x": 5}, d=(7,), e=[9])
+    assert len(list(iter_canonical(five))) > 1
+
+
+class IntKeyed(msgspec.Struct):
+    a: Any
+    by_id: dict[int, Any]
+    g: Any = None
+
+
+def test_int_keys_are_written_a_dict_at_a_time_as_the_walk_does() -> None:
+    """One call would take the whole value through to_builtins and its walk for problems: the
+    NaN beside an int-keyed dict is left to the schema as the caller asked (scan_nulls off),
+    and a value refused for two reasons is refused for the one the walk meets first."""
+    nan = IntKeyed(a=float("nan"), by_id={1: "x"})
+    assert (
+        b"".join(iter_canonical(nan, scan_nulls=False)) == b'{"a":null,"by_id":{"1":"x"},"g":null}'
+    )
+    twice = IntKeyed(a=None, by_id={0: [msgspec.Raw(b"1")]}, g=["\ud800"])
+    with pytest.raises(ValueError, match="exact_response") as walked:
+        b"".join(bytes(p) for p in _Stream(PIECE_BYTES, None, True).value(twice, top=True))
+    with pytest.raises(ValueError, match=re.escape(str(walked.value))):
+        b"".join(iter_canonical(twice))
+
+
 def test_many_short_fields_are_streamed_and_a_large_value_handed_on_in_pieces() -> None:
     """Five fields of two items: the walk (one call would hold the loop as five of its
     longest); four: one call. A large value of one call reaches the store a piece at a time."""
     five = Five(a=[1, 2], b=[3, 4], c={"x": 5, "y": 6}, d=(7, 8), e=[9, 10])
     assert len(list(iter_canonical(five))) > 1
-    four = msgspec.structs.replace(five, e=[9])
+    four = msgspec.structs.replace(five, e=[])
     assert [bytes(p) for p in iter_canonical(four)] == [canonical(four)]
     big = Outer(zeta=[Inner(b=_BIG, a=1)], alpha={})
     pieces = [bytes(p) for p in iter_canonical(big, 4096)]
