@@ -23,7 +23,7 @@ from ._encoding import ENCODER, RefusedError, encode_checked
 from ._pydantic import pydantic_plain
 from ._refusals import first_problem, refused
 from ._span import Span
-from ._whole import FIRST_SLICE, WHOLE_BYTES, few_items, spans_in
+from ._whole import FIRST_SLICE, WHOLE_BYTES, few_items, plain, spans_in
 
 __all__ = ["PIECE_BYTES", "TOO_DEEP", "Span", "iter_canonical"]
 
@@ -135,6 +135,7 @@ class _Stream:
         self, value: Any, *, top: bool = False, field: str | None = None
     ) -> Iterator[bytes | memoryview]:
         record = self.spans is not None and (top or field is not None)
+        value = plain(value)  # what the encoder writes, whatever a subclass says
         if isinstance(value, list | tuple) and len(value) > 1:
             yield from self.sequence(value, record, field)
         elif isinstance(value, dict) and len(value) > 1:

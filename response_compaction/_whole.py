@@ -17,7 +17,7 @@ import msgspec
 from ._encoding import ENCODER
 from ._span import Span
 
-__all__ = ["FIRST_SLICE", "WHOLE_BYTES", "few_items", "spans_in"]
+__all__ = ["FIRST_SLICE", "WHOLE_BYTES", "few_items", "plain", "spans_in"]
 
 #: The walk's first slice of an array or object: this many items in one encoder call.
 FIRST_SLICE = 16
@@ -52,6 +52,25 @@ def few_items(value: Any) -> bool:
         elif isinstance(field, msgspec.Struct):
             return False  # descended into by the walk: not looked into here
     return several <= _FEW_FIELDS
+
+
+def plain(value: Any) -> Any:
+    """``value``, a subclass of list, tuple or dict as a copy of its own items.
+
+    The encoder writes a container's own items; a subclass's ``__len__``, ``__iter__`` or
+    ``__getitem__`` may say otherwise (a ``__len__`` over the count made the walk's slices
+    come back empty forever; under it, fewer items were cut than written).
+    """
+    kind = type(value)
+    if kind is list or kind is tuple or kind is dict:
+        return value
+    if isinstance(value, list):
+        return list.copy(value)
+    if isinstance(value, tuple):
+        return tuple.__getitem__(value, slice(None))
+    if isinstance(value, dict):
+        return dict(dict.items(value))  # the table's own pairs: copy() asks __getitem__
+    return value
 
 
 def _items(container: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> int:

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -348,6 +349,50 @@ def test_many_short_fields_are_streamed_and_a_large_value_handed_on_in_pieces() 
     pieces = [bytes(p) for p in iter_canonical(big, 4096)]
     assert max(len(p) for p in pieces) <= 4096
     assert b"".join(pieces) == canonical(big)
+
+
+class Overcounted(list[Any]):
+    def __len__(self) -> int:
+        return 100
+
+
+class Undercounted(list[Any]):
+    def __len__(self) -> int:
+        return 0
+
+
+class Misleading(dict[str, Any]):
+    def __iter__(self) -> Iterator[str]:
+        return iter(["a"])
+
+    def __getitem__(self, key: str) -> Any:
+        return "forged"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(Overcounted(range(30)), id="len-over"),  # the walk's slices ran dry forever
+        pytest.param(Undercounted(range(30)), id="len-under"),
+        pytest.param(Misleading({f"k{i:02d}": i for i in range(30)}), id="iter-and-getitem"),
+        pytest.param(
+            [Overcounted(range(30)), Misleading({f"k{i:02d}": i for i in range(20)})], id="inside"
+        ),
+    ],
+)
+def test_a_container_subclass_is_written_as_its_own_items(value: Any) -> None:
+    """What the encoder writes (the container's own items), whatever its methods say."""
+    layout: list[Span] = []
+    data = b"".join(bytes(p) for p in iter_canonical(value, 64, layout))
+    assert data == msgspec.json.encode(value, order="sorted")
+    assert all(sum(span.counts) == 30 for span in layout)
+
+
+async def test_an_overcounted_list_is_stored_and_read_back(harness: rc.Harness) -> None:
+    value = Overcounted(range(30))
+    compacted = await rc.response_compact(harness, value, list[int], Summary, options())
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, list[int])
+    assert read == rc.Found(value=list(range(30)))
 
 
 # ----------------------------------------------------------------------------- round trips
