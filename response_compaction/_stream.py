@@ -100,9 +100,9 @@ class _Stream:
 
         Streamed, each container of at most ``FIRST_SLICE`` items is one encoder call anyway
         (its first slice), so one call for a few of them holds the loop no longer than a few
-        of those; the walk between them (placeholders, slices, spans) is what it saves. From
-        ``WHOLE_BYTES`` up, the layout the walk would record is found in the encoding, a step
-        apart, and the encoding is handed on in pieces.
+        of those; the walk between them (placeholders, slices, spans) is what it saves. Over
+        ``WHOLE_BYTES``, or over one piece, the layout the walk would record is found in the
+        encoding, a step apart, and the encoding is handed on in pieces.
         """
         if not few_items(value):
             yield from self.value(value, top=True)
@@ -116,7 +116,7 @@ class _Stream:
             # value through to_builtins took 700 ms where the walk took 13, and refused a Raw).
             yield from self.value(value, top=True)
             return
-        if len(whole) <= WHOLE_BYTES:
+        if len(whole) <= min(WHOLE_BYTES, self.piece_bytes):
             yield self.emit(whole)
             return
         yield self.emit(b"")  # a step of its own
