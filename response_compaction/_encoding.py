@@ -85,7 +85,10 @@ def _encode_non_str_keys(value: Any) -> bytes:
     # (1 and "1") or a non-finite float ("nan") would change the value: refused first.
     _refuse(value)
     try:
-        builtins = msgspec.to_builtins(value, str_keys=True, order="sorted")
+        # A Raw is JSON text already (the walk's placeholders are Raws): passed through as is.
+        builtins = msgspec.to_builtins(
+            value, str_keys=True, order="sorted", builtin_types=(msgspec.Raw,)
+        )
         return ENCODER.encode(builtins)
     except TypeError as exc:
         raise ValueError(f"exact_response cannot be encoded as JSON: {exc}") from None

@@ -21,6 +21,8 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
+from ._own import field_of, is_array, is_struct, plain
+
 __all__ = [
     "decoded_or_text",
     "duplicate_key_path",
@@ -44,15 +46,15 @@ def first_problem(value: Any) -> str | None:
     Unicode (a lone surrogate), and two keys of one mapping that become the same JSON string.
     """
     for item, where in nodes(value):
-        if isinstance(item, str):
+        if issubclass(type(item), str):  # by type, as the encoder looks (``_own``)
             problem = (
                 None
                 if _is_unicode(item)
                 else "a string that is not valid Unicode (a lone surrogate)"
             )
-        elif isinstance(item, float):
+        elif issubclass(type(item), float):
             problem = None if math.isfinite(item) else "NaN or infinity"
-        elif isinstance(item, dict):
+        elif type(item) is dict:
             problem = _key_problem(item)
         else:
             continue
@@ -70,24 +72,28 @@ def nodes(value: Any) -> Iterator[tuple[Any, Where]]:
     """Every node of ``value`` and where it is, in document order (iterative: no depth limit).
 
     Goes into mappings (their values), sequences, sets, structs (by encoded field name) and
-    what msgspec would encode any other object as (an enum, a dataclass, a datetime).
+    what msgspec would encode any other object as (an enum, a dataclass, a datetime). A
+    container or struct is seen as msgspec writes it (``_own``): a subclass's methods hid a
+    NaN that was then stored as ``null``, and a ``__len__`` over the count made this walk
+    build a list of that length.
     """
     stack: list[tuple[Any, Where]] = [(value, "$")]
     while stack:
         item, where = stack.pop()
+        item = plain(item)
         yield item, where
         if isinstance(item, _LEAVES):
             continue
-        if isinstance(item, dict):
+        if type(item) is dict:
             member = (where, "[...]")  # one for every value: the path never names a key
             stack.extend([(v, member) for v in reversed(item.values())])
-        elif isinstance(item, list | tuple):
+        elif is_array(item):
             stack.extend([(item[i], (where, i)) for i in range(len(item) - 1, -1, -1)])
         elif isinstance(item, set | frozenset):
             stack.extend([(v, (where, "[...]")) for v in item])
-        elif isinstance(item, msgspec.Struct):
+        elif is_struct(item):
             names = list(zip(item.__struct_fields__, item.__struct_encode_fields__, strict=True))
-            stack.extend([(getattr(item, n), (where, "." + c)) for n, c in reversed(names)])
+            stack.extend([(field_of(item, n), (where, "." + c)) for n, c in reversed(names)])
         else:
             try:
                 builtins = msgspec.to_builtins(item, enc_hook=_raw_as_null)
@@ -126,10 +132,11 @@ def _key_problem(mapping: dict[Any, Any]) -> str | None:
 
 
 def _is_unicode(text: str) -> bool:
-    if text.isascii():
+    # str's own methods: a subclass's may say otherwise of the text the encoder writes.
+    if str.isascii(text):
         return True
     try:
-        text.encode("utf-8")
+        str.encode(text, "utf-8")
     except UnicodeEncodeError:
         return False
     return True

@@ -20,10 +20,11 @@ from typing import Any
 import msgspec
 
 from ._encoding import ENCODER, RefusedError, encode_checked
+from ._own import field_of, is_array, is_container, is_struct, plain
 from ._pydantic import pydantic_plain
 from ._refusals import first_problem, refused
 from ._span import Span
-from ._whole import FIRST_SLICE, WHOLE_BYTES, few_items, plain, spans_in
+from ._whole import FIRST_SLICE, WHOLE_BYTES, few_items, spans_in
 
 __all__ = ["PIECE_BYTES", "TOO_DEEP", "Span", "iter_canonical"]
 
@@ -135,12 +136,12 @@ class _Stream:
         self, value: Any, *, top: bool = False, field: str | None = None
     ) -> Iterator[bytes | memoryview]:
         record = self.spans is not None and (top or field is not None)
-        value = plain(value)  # what the encoder writes, whatever a subclass says
-        if isinstance(value, list | tuple) and len(value) > 1:
+        value = plain(value)  # what the encoder writes, whatever a subclass says (``_own``)
+        if is_array(value) and len(value) > 1:
             yield from self.sequence(value, record, field)
-        elif isinstance(value, dict) and len(value) > 1:
+        elif type(value) is dict and len(value) > 1:
             yield from self.mapping(value, record, field)
-        elif isinstance(value, msgspec.Struct) and not value.__struct_config__.omit_defaults:
+        elif is_struct(value) and not value.__struct_config__.omit_defaults:
             yield from self.struct(value, top=top)
         else:
             yield self.emit(self.encode(value))
@@ -267,12 +268,7 @@ class _Stream:
         return self.encode(items)
 
     def struct(self, value: msgspec.Struct, *, top: bool) -> Iterator[bytes | memoryview]:
-        names = [
-            name
-            for name in value.__struct_fields__
-            if _is_container(getattr(value, name))
-            and not isinstance(getattr(value, name), msgspec.Raw)
-        ]
+        names = [name for name in value.__struct_fields__ if _is_container(field_of(value, name))]
         if not names:
             yield self.emit(self.encode(value))
             return
@@ -290,7 +286,7 @@ class _Stream:
             if parts[i]:
                 yield self.emit(parts[i])
             name = names[int(parts[i + 1])]
-            yield from self.value(getattr(value, name), field=encoded_names[name] if top else None)
+            yield from self.value(field_of(value, name), field=encoded_names[name] if top else None)
         if parts[-1]:
             yield self.emit(parts[-1])
 
@@ -306,7 +302,7 @@ def _ascending(keys: list[str]) -> bool:
 
 
 def _is_container(value: Any) -> bool:
-    return isinstance(value, list | tuple | dict | msgspec.Struct)
+    return is_container(value) or is_struct(value)
 
 
 def _next_step(step: int, body_bytes: int, piece_bytes: int) -> int:

@@ -15,9 +15,10 @@ from typing import Any
 import msgspec
 
 from ._encoding import ENCODER
+from ._own import field_of, is_array, is_container, is_struct, items_in
 from ._span import Span
 
-__all__ = ["FIRST_SLICE", "WHOLE_BYTES", "few_items", "plain", "spans_in"]
+__all__ = ["FIRST_SLICE", "WHOLE_BYTES", "few_items", "spans_in"]
 
 #: The walk's first slice of an array or object: this many items in one encoder call.
 FIRST_SLICE = 16
@@ -35,50 +36,23 @@ def few_items(value: Any) -> bool:
 
     No container it would cut or descend into (of over ``FIRST_SLICE`` items), and at most
     ``_FEW_FIELDS`` fields of a struct that are arrays or objects of one item or more.
-    Lengths are the containers' own (what the encoder writes), not what a subclass says.
+    Lengths and fields are the value's own (what the encoder writes, ``_own``).
     """
-    if isinstance(value, list | tuple | dict):
-        return _items(value) <= FIRST_SLICE
-    if not isinstance(value, msgspec.Struct) or value.__struct_config__.omit_defaults:
+    if is_container(value):
+        return items_in(value) <= FIRST_SLICE
+    if not is_struct(value) or value.__struct_config__.omit_defaults:
         return True  # one call when streamed too
     several = 0
     for name in value.__struct_fields__:
-        field = getattr(value, name)
-        if isinstance(field, list | tuple | dict):
-            items = _items(field)
+        field = field_of(value, name)
+        if is_container(field):
+            items = items_in(field)
             if items > FIRST_SLICE:
                 return False
             several += items > 0  # the walk's call of its own, whatever its items hold
-        elif isinstance(field, msgspec.Struct):
+        elif is_struct(field):
             return False  # descended into by the walk: not looked into here
     return several <= _FEW_FIELDS
-
-
-def plain(value: Any) -> Any:
-    """``value``, a subclass of list, tuple or dict as a copy of its own items.
-
-    The encoder writes a container's own items; a subclass's ``__len__``, ``__iter__`` or
-    ``__getitem__`` may say otherwise (a ``__len__`` over the count made the walk's slices
-    come back empty forever; under it, fewer items were cut than written).
-    """
-    kind = type(value)
-    if kind is list or kind is tuple or kind is dict:
-        return value
-    if isinstance(value, list):
-        return list.copy(value)
-    if isinstance(value, tuple):
-        return tuple.__getitem__(value, slice(None))
-    if isinstance(value, dict):
-        return dict(dict.items(value))  # the table's own pairs: copy() asks __getitem__
-    return value
-
-
-def _items(container: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> int:
-    if isinstance(container, list):
-        return list.__len__(container)
-    if isinstance(container, tuple):
-        return tuple.__len__(container)
-    return dict.__len__(container)
 
 
 def spans_in(value: Any, whole: bytes) -> list[Span] | None:
@@ -89,16 +63,16 @@ def spans_in(value: Any, whole: bytes) -> list[Span] | None:
     not named), text that is not JSON, or members that do not tile the object (a Raw field
     with spaces around its text).
     """
-    if isinstance(value, list | tuple):
-        end, items = len(whole), _items(value)
+    if is_array(value):
+        end, items = len(whole), items_in(value)
         return [Span(None, 0, end, ((1, end - 1),), (items,))] if items > 1 else []
-    if not isinstance(value, msgspec.Struct) or value.__struct_config__.omit_defaults:
+    if not is_struct(value) or value.__struct_config__.omit_defaults:
         return []  # a dict of 16 keys or fewer is one slice: no span (``mapping``)
     counts = {}
     for name, encoded in zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True):
-        field = getattr(value, name)
-        if isinstance(field, list | tuple) and _items(field) > 1:
-            counts[encoded] = _items(field)
+        field = field_of(value, name)
+        if is_array(field) and items_in(field) > 1:
+            counts[encoded] = items_in(field)
     if not counts:
         return []
     if value.__struct_config__.array_like:

@@ -345,10 +345,8 @@ def test_int_keys_are_written_a_dict_at_a_time_as_the_walk_does() -> None:
     assert (
         b"".join(iter_canonical(nan, scan_nulls=False)) == b'{"a":null,"by_id":{"1":"x"},"g":null}'
     )
-    twice = IntKeyed(a=None, by_id={0: [msgspec.Raw(b"1")]}, g=["\ud800"])
-    with pytest.raises(ValueError, match="exact_response") as walked:
-        b"".join(bytes(p) for p in _Stream(PIECE_BYTES, None, True).value(twice, top=True))
-    with pytest.raises(ValueError, match=re.escape(str(walked.value))):
+    twice = IntKeyed(a=None, by_id={0: [msgspec.Raw(b"1"), math.nan]}, g=["\ud800"])
+    with pytest.raises(ValueError, match=re.escape("NaN or infinity at `$.by_id[...][1]`")):
         b"".join(iter_canonical(twice))
 
 
@@ -404,6 +402,58 @@ def test_a_container_subclass_is_written_as_its_own_items(value: Any) -> None:
         ends = (b"{", b"}") if span.mapping else (b"[", b"]")
         held = msgspec.json.decode(b",".join(data[a:b] for a, b in span.slices).join(ends))
         assert sum(span.counts) == len(held)
+
+
+class _NullBeside(msgspec.Struct):
+    a: Any
+
+
+def test_a_null_beside_nan_looking_bytes_in_an_overcounted_list_is_kept() -> None:
+    """The refusal walk (run on a null and a suspicious scan) reads the list's own items.
+
+    Through the subclass's ``__len__`` it indexed past the end (IndexError), and a
+    ``__len__`` of millions built a list that long in one step.
+    """
+    value = _NullBeside(a=Overcounted([None, b"\xcb\x7f\xf0"]))
+    data = b"".join(bytes(p) for p in iter_canonical(value))
+    assert data == msgspec.json.encode(value, order="sorted")
+
+
+class _Forged(msgspec.Struct):
+    a: Any
+    b: Any = None
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "a":
+            return ["forged"] * 10
+        return super().__getattribute__(name)
+
+
+@pytest.mark.parametrize(
+    "items", [list(range(20)), ["x" * 40_000, "y" * 40_000]], ids=["walked", "one-call"]
+)
+def test_a_struct_is_written_as_its_own_slots_with_their_counts(items: list[Any]) -> None:
+    """msgspec writes a struct's slots; a ``__getattribute__`` saying otherwise is not asked.
+
+    Asked, the walk wrote the forged items and the one call's layout sealed their count
+    against bytes holding the slot's (every part read of the field Broken).
+    """
+    value = _Forged(a=items)
+    layout: list[Span] = []
+    data = b"".join(bytes(p) for p in iter_canonical(value, PIECE_BYTES, layout))
+    assert data == msgspec.json.encode(value, order="sorted")
+    (span,) = layout
+    assert sum(span.counts) == len(items)
+
+
+async def test_a_struct_s_own_slots_are_read_in_parts(harness: rc.Harness) -> None:
+    value = _Forged(a=["x" * 40_000, "y" * 40_000])
+    compacted = await rc.response_compact(harness, value, Any, Summary, options())
+    ref = compacted.receipt.exact_ref
+    part = await rc.response_compaction_read_part(harness, ref, pointer="/a/1", max_bytes=256)
+    assert isinstance(part, rc.Found)  # was Broken: the sealed layout did not match the bytes
+    assert part.value.total_bytes == 40_002
+    assert str(part.value.value).startswith("yyyy")
 
 
 async def test_an_overcounted_list_is_stored_and_read_back(harness: rc.Harness) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 import uuid
 from typing import Any
+from unittest import mock
 
 import msgspec
 import pytest
@@ -266,3 +269,89 @@ def test_unencodable_values_raise_value_error() -> None:
     """A set mixing types JSON cannot sort raises ValueError, not TypeError."""
     with pytest.raises(ValueError, match="cannot be encoded as JSON"):
         canonical_bytes({"s": {1, "a"}, 2: 0})
+
+
+# ----------------------------------------------------------------------------- what is written
+
+
+class _HiddenValues(dict[str, Any]):
+    def values(self) -> Any:
+        return [0.0 for _ in dict.values(self)]
+
+
+class _HiddenItems(list[Any]):
+    def __getitem__(self, index: Any) -> Any:
+        return 0.0
+
+
+class _HiddenKeys(dict[Any, Any]):
+    def __iter__(self) -> Any:
+        return iter(["a", "b"])
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        pytest.param([_HiddenValues(v=math.nan)], "NaN or infinity at `$[0][...]`", id="values"),
+        pytest.param({"a": _HiddenItems([math.nan])}, "NaN or infinity at `$[...][0]`", id="items"),
+        pytest.param(
+            [_HiddenKeys({1: "one", "1": "also one"})], "same JSON string in the object", id="keys"
+        ),
+    ],
+)
+async def test_what_a_subclass_hides_is_refused_as_the_encoder_writes_it(
+    harness: rc.Harness, value: Any, problem: str
+) -> None:
+    """The refusal walk reads a container's own items, as msgspec writes them.
+
+    Walked through the subclass's methods, the NaN was not seen and was stored as ``null``
+    (read back Found with None), and the two keys that become one were stored as one.
+    """
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        await _compact(harness, value, Any)
+    assert_nothing_stored(store_root(harness.fs))
+
+
+class _Box(msgspec.Struct):
+    a: Any
+
+
+@pytest.mark.parametrize(
+    "value",
+    [mock.MagicMock(spec=list), _Box(a=mock.MagicMock(spec=dict))],
+    ids=["list", "dict-field"],
+)
+async def test_an_object_that_only_claims_to_be_a_container_is_a_value_error(
+    harness: rc.Harness, value: Any
+) -> None:
+    """A mock passes ``isinstance(x, list)``; the encoder goes by type: a ValueError."""
+    with pytest.raises(ValueError, match="MagicMock is unsupported"):
+        await _compact(harness, value, Any)
+    assert_nothing_stored(store_root(harness.fs))
+
+
+@dataclasses.dataclass
+class _IntKeyed:
+    x: dict[int, int]
+
+
+class _BesideAList(msgspec.Struct):
+    a: Any
+    b: list[int]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(_BesideAList(a=_IntKeyed(x={1: 2}), b=[1, 2]),
+                     {"a": {"x": {"1": 2}}, "b": [1, 2]}, id="beside-a-list"),
+        pytest.param([msgspec.Raw(b"1"), {1: 2}], [1, {"1": 2}], id="beside-a-raw"),
+    ],
+)  # fmt: skip
+async def test_int_keys_beside_a_walked_field_or_a_raw_are_kept(
+    harness: rc.Harness, value: Any, expected: Any
+) -> None:
+    """A Raw (the walk's placeholder for a field, or the caller's) beside int keys was refused."""
+    compacted = await _compact(harness, value, Any)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
+    assert read == rc.Found[Any](value=expected)
