@@ -17,6 +17,7 @@ from msgspec import UNSET, UnsetType
 from ._canonical import Span, iter_canonical
 from ._convert import convert_exact, release
 from ._digest import DIGEST_PREFIX
+from ._errors import HIDDEN_CONTEXT_DROPPED
 from ._harness import HarnessLike
 from ._ladder import Source
 from ._models import (
@@ -90,8 +91,20 @@ async def response_compact(
     Raises ``ValueError`` for bad options or a value that does not validate (nothing stored,
     no model call), ``LookupError`` for an unknown ladder, :class:`SchemaError` for a summary
     schema strict structured output cannot express, and :class:`StoreError` (an ``OSError``)
-    when the value cannot be retained.
+    when the value cannot be retained. No exception raised, nor any it was raised from,
+    holds content of the response.
     """
+    with HIDDEN_CONTEXT_DROPPED:
+        return await _compact(harness, exact_response, exact_schema, summary_schema, options)
+
+
+async def _compact(
+    harness: HarnessLike,
+    exact_response: object,
+    exact_schema: object,
+    summary_schema: object,
+    options: CompactionOptions[Any] | Mapping[str, Any],
+) -> Compacted[Any, Any]:
     started = anyio.current_time()  # the clock budgets are kept on
     opts = resolve_options(options, summary_schema)
     llm = harness.llm
@@ -154,8 +167,9 @@ async def response_compaction_read_exact(
         parsed = parse_exact_ref(exact_ref)
     except MalformedRefError as error:
         return Broken(detail=str(error))
-    store = await open_store(harness.fs)
-    return await store.get("exact", parsed.hex, exact_schema)
+    with HIDDEN_CONTEXT_DROPPED:
+        store = await open_store(harness.fs)
+        return await store.get("exact", parsed.hex, exact_schema)
 
 
 async def _converted(response: object, schema: object) -> tuple[Any, list[Any] | None]:

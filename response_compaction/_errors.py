@@ -18,8 +18,16 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Iterator
+from typing import Literal
 
-__all__ = ["SchemaError", "StoreError", "UnsafeStoreError", "map_errors"]
+__all__ = [
+    "HIDDEN_CONTEXT_DROPPED",
+    "SchemaError",
+    "StoreError",
+    "UnsafeStoreError",
+    "drop_hidden_context",
+    "map_errors",
+]
 
 
 class StoreError(OSError):
@@ -56,3 +64,39 @@ def map_errors(action: str) -> Iterator[None]:
         raise StoreError(exc.errno, f"{action}: {exc.strerror or type(exc).__name__}") from exc
     except sqlite3.Error as exc:
         raise StoreError(f"{action}: {type(exc).__name__}: {exc}") from exc
+
+
+def drop_hidden_context(exc: BaseException) -> None:
+    """Unlink, down ``exc``'s chain, every context a ``raise ... from None`` only hid.
+
+    ``from None`` keeps the exception it replaces as ``__context__`` (only marked suppressed):
+    a msgspec or pydantic error quoting the response, a ``UnicodeEncodeError`` holding its
+    text, stayed reachable from the content-free error that replaced it.
+    """
+    stack: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.__suppress_context__:
+            node.__context__ = None
+        stack.extend(e for e in (node.__cause__, node.__context__) if e is not None)
+        if isinstance(node, BaseExceptionGroup):
+            stack.extend(node.exceptions)
+
+
+class _HiddenContextDropped:
+    """``with HIDDEN_CONTEXT_DROPPED:`` around a public call: :func:`drop_hidden_context`."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> Literal[False]:
+        if exc is not None:
+            drop_hidden_context(exc)
+        return False
+
+
+HIDDEN_CONTEXT_DROPPED = _HiddenContextDropped()

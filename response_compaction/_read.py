@@ -14,6 +14,7 @@ import anyio.lowlevel
 import msgspec
 
 from ._canonical import Span
+from ._errors import HIDDEN_CONTEXT_DROPPED
 from ._models import Broken, Found, Missing
 from ._part import Part, check_request, parse_pointer, part_of
 from ._part_index import LayoutMismatchError, Node, index_document, remember
@@ -57,10 +58,18 @@ async def response_compaction_read_part(
         parsed = parse_exact_ref(exact_ref)
     except MalformedRefError as error:
         return Broken(detail=str(error))
+    with HIDDEN_CONTEXT_DROPPED:  # see response_compact
+        return await _read_part(harness, parsed.hex, pointer, start, stop, max_bytes)
+
+
+async def _read_part(
+    harness: Any, hex_digest: str, pointer: str, start: int | None, stop: int | None,
+    max_bytes: int,
+) -> Found[Part] | Missing | Broken:  # fmt: skip
     store = await open_store(harness.fs)
 
     async def work(data: Data, spans: tuple[Span, ...]) -> tuple[Node | None, Part]:
-        node = await index_document(data, spans, parsed.hex, anyio.lowlevel.checkpoint)
+        node = await index_document(data, spans, hex_digest, anyio.lowlevel.checkpoint)
 
         def cut() -> Part:
             return part_of(node, pointer, start=start, stop=stop, max_bytes=max_bytes)
@@ -71,7 +80,7 @@ async def response_compaction_read_part(
         result = await get_checked(
             store,
             "exact",
-            parsed.hex,
+            hex_digest,
             work,
             whole=_whole_part(pointer, start, stop, max_bytes),
         )
@@ -84,7 +93,7 @@ async def response_compaction_read_part(
         return result
     node, part = result
     if node is not None:
-        remember(parsed.hex, node)  # only now: the bytes it was learned from verified
+        remember(hex_digest, node)  # only now: the bytes it was learned from verified
     return Found(value=part)
 
 

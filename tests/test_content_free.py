@@ -126,6 +126,43 @@ async def test_compaction_refusal_quotes_no_content(tmp_path: Path, anyio_backen
         assert EMAIL not in str(caught.value)
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception reachable from it: causes and contexts, hidden or not."""
+    found: list[BaseException] = []
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        node = stack.pop()
+        if node is not None and all(node is not seen for seen in found):
+            found.append(node)
+            stack += [node.__cause__, node.__context__]
+    return found
+
+
+async def test_nothing_a_refusal_was_raised_from_quotes_content(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """``raise ... from None`` only hides the error it replaces: it stays the ``__context__``
+    (msgspec's error quoting the value, a UnicodeEncodeError holding the text), reachable by
+    any handler that walks the chain. None of the chain holds content."""
+    import pydantic
+
+    class Model(pydantic.BaseModel):
+        state: Literal["open", "closed"]
+
+    harness = rc.Harness(fs=rc.LocalWorkspace(tmp_path))
+    cases: list[tuple[Any, Any]] = [
+        ({"state": SECRET}, Ticket),
+        ({"state": SECRET}, Model),
+        ({"k": SECRET + "\ud800"}, dict),
+    ]
+    for response, schema in cases:
+        with pytest.raises(ValueError, match="exact_response") as caught:
+            await rc.response_compact(harness, response, schema, Summary, OPTIONS)
+        for node in _chain(caught.value):
+            assert SECRET not in repr(node)
+            assert all(SECRET not in repr(arg) for arg in node.args)
+
+
 class Loose(msgspec.Struct, frozen=True):
     state: str
     pin: int = 0
