@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from ._own import is_array, plain
 from ._refusals import first_problem
 
 __all__ = ["ENCODER", "RefusedError", "TooDeepError", "encode_checked", "line_safe"]
@@ -72,7 +73,8 @@ def encode_checked(value: Any, *, scan_nulls: bool = True, str_keys: bool = Fals
         return _encode_non_str_keys(value)
     except UnicodeEncodeError:
         _refuse(value)  # names the path of the string that could not be encoded
-        raise  # a str-like object the walk cannot see into: still a ValueError
+        # A str-like object the walk cannot see into. Not the error itself: it holds the text.
+        raise RefusedError("a string that is not valid Unicode (a lone surrogate)") from None
     if scan_nulls and _NULL.search(data) is not None:
         _refuse_non_finite(value)
     return data
@@ -105,7 +107,8 @@ def _refuse_non_finite(value: Any) -> None:
         suspicious = True
     if not suspicious:
         return
-    if isinstance(value, list | tuple) and len(value) > _NARROW_ITEMS:
+    value = plain(value)  # its own items: a subclass's __len__ or slices may hide some
+    if is_array(value) and len(value) > _NARROW_ITEMS:
         # Bytes inside a float or a string can look like a NaN (one 1 MB value in 16 of
         # random rows did): scan parts and walk only the parts still suspicious, not 1 MB.
         step = -(-len(value) // 16)

@@ -41,6 +41,7 @@ _NEVER_NULL = (
 _OF_ITEMS = (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)
 #: Values of these types are never written as ``null`` by mistake (a float may be a NaN).
 _NOT_FLOAT = frozenset({type(None), int, bool, str})
+_MAY_BE_FLOAT = _NOT_FLOAT | {float}
 #: Items looked at in one pass at most (a pass holds the loop): beyond, the scan in pieces.
 MAX_ITEMS = 200_000
 
@@ -135,7 +136,7 @@ def null_places(schema: Any) -> Check | None:
         root = mi.type_info(schema)
     except (TypeError, ValueError):
         return None
-    if not isinstance(root, mi.StructType) or root.array_like:
+    if not isinstance(root, mi.StructType) or root.array_like or _hides_slots(root.cls):
         return None
     checks: list[Check] = []
     for field in root.fields:
@@ -145,6 +146,11 @@ def null_places(schema: Any) -> Check | None:
         if check is not True:
             checks.append(check)
     return lambda value: all(check(value) for check in checks)
+
+
+def _hides_slots(cls: type) -> bool:
+    """Whether ``cls`` reads its attributes its own way: what it shows, not what it writes."""
+    return cls.__getattribute__ is not object.__getattribute__  # type: ignore[comparison-overlap]
 
 
 def _field_check(name: str, node: Any) -> Check | bool:
@@ -201,7 +207,7 @@ def _record(node: Any) -> tuple[type, tuple[str, ...]] | None:
 
     Its fields refuse ``null`` everywhere, or are optional values (``_optional_leaf``).
     """
-    if not isinstance(node, mi.StructType) or node.array_like:
+    if not isinstance(node, mi.StructType) or node.array_like or _hides_slots(node.cls):
         return None
     optional = []
     for field in node.fields:
@@ -223,8 +229,15 @@ def _records_finite(records: Iterable[Any], cls: type, optional: tuple[str, ...]
 
 
 def _finite(values: Iterable[Any]) -> bool:
-    """Whether no value is a NaN or an infinity (one C-level pass when none is a float)."""
+    """Whether no value is a NaN or an infinity (one C-level pass when none is a float).
+
+    Any type but these and ``float`` says no: an enum whose value is a NaN, a float
+    subclass, are written as ``null`` too (the scan looks at them).
+    """
     values = list(values)  # as many as the records or items the caller bounded
-    if set(map(type, values)) <= _NOT_FLOAT:
+    kinds = set(map(type, values))
+    if kinds <= _NOT_FLOAT:
         return True
-    return not any(isinstance(v, float) and not math.isfinite(v) for v in values)
+    if not kinds <= _MAY_BE_FLOAT:
+        return False
+    return not any(type(v) is float and not math.isfinite(v) for v in values)

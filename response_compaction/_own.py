@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["field_of", "is_array", "is_container", "is_struct", "items_in", "plain"]
+__all__ = ["field_of", "fields", "is_array", "is_container", "is_struct", "items_in", "plain"]
 
 
 def plain(value: Any) -> Any:
@@ -64,3 +64,9 @@ def items_in(container: Any) -> int:
 def field_of(value: msgspec.Struct, name: str) -> Any:
     """The struct field ``name`` as its slot holds it (a ``__getattribute__`` is not asked)."""
     return object.__getattribute__(value, name)
+
+
+def fields(value: msgspec.Struct) -> list[tuple[str, str]]:
+    """The struct's fields, each with its encoded name, from its type (not the instance)."""
+    kind = type(value)
+    return list(zip(kind.__struct_fields__, kind.__struct_encode_fields__, strict=True))

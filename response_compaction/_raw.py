@@ -31,6 +31,7 @@ import msgspec.inspect as mi
 
 from ._canonical import TOO_DEEP, duplicate_keys_message, merged_keys_message, to_exact_value
 from ._messages import content_free
+from ._own import field_of
 from ._perf import paused_gc
 from ._raw_cut import SLICE_BYTES, Container, NotCutError, SliceError, cut_container
 from ._refusals import duplicate_key_path, keys_may_merge, merged_key_path
@@ -230,7 +231,7 @@ def _key_problem(
     if not keys_may_merge(schema):
         return None
     plain = msgspec.json.decode(head)
-    names = zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
+    names = zip(type(value).__struct_fields__, type(value).__struct_encode_fields__, strict=True)
     for name, encoded in reversed(list(names)):  # as merged_key_path walks a struct
         if encoded not in plain:
             continue
@@ -238,7 +239,7 @@ def _key_problem(
         if found is not None:
             path = found.merged
         else:
-            path = merged_key_path(getattr(value, name), plain[encoded])
+            path = merged_key_path(field_of(value, name), plain[encoded])
         if path is not None:
             return merged_keys_message(f"$.{encoded}" + path[1:])
     return None

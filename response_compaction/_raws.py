@@ -13,6 +13,7 @@ Only schemas that can hold a ``Raw`` are walked (a ``Raw`` or ``Any`` somewhere 
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Iterable
 from typing import Any
@@ -21,6 +22,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from ._encoding import ENCODER
+from ._own import field_of, is_struct, plain
 from ._refusals import duplicate_key_path, nodes, path_of, type_nodes
 
 __all__ = ["NodeBudgetSpentError", "canonical_raws", "may_hold_raw"]
@@ -87,9 +89,15 @@ class _Walk:
                 raise NodeBudgetSpentError
         if isinstance(item, msgspec.Raw):
             return _canonical_raw(item)
-        # Plain loops, not comprehensions: one frame per level of nesting, so a value nested
-        # as deep as the encoder takes is walked too.
-        if isinstance(item, dict):
+        # As msgspec writes it (``_own``): a subclass's methods may show other items, and a
+        # container rebuilt from them was stored in place of the caller's.
+        kind = type(item)
+        if kind is not dict and kind is not list and kind is not tuple:
+            item = plain(item)
+            kind = type(item)
+        # Plain loops, not comprehensions or helpers: one frame per level of nesting, so a
+        # value nested as deep as the encoder takes is walked too.
+        if kind is dict:
             if _only_leaves(item.values()):
                 return item  # nothing to look into
             new: dict[Any, Any] = {}
@@ -98,7 +106,7 @@ class _Walk:
                 new[key] = fresh = self.value(old)
                 same = same and fresh is old
             return item if same else new
-        if isinstance(item, list | tuple):
+        if kind is list or kind is tuple:
             if _only_leaves(item):
                 return item
             items: list[Any] = []
@@ -109,19 +117,29 @@ class _Walk:
                 same = same and fresh is old
             if same:
                 return item
-            if isinstance(item, list):
-                return items
-            # A named tuple is made from its fields; it is written as the array either way.
-            return type(item)._make(items) if hasattr(item, "_make") else tuple(items)
-        if isinstance(item, msgspec.Struct):
+            return items if kind is list else tuple(items)  # the array either way
+        if is_struct(item):
             changed = {}
-            for name in item.__struct_fields__:
-                old = getattr(item, name)
+            for name in type(item).__struct_fields__:
+                old = field_of(item, name)
                 new_value = self.value(old)
                 if new_value is not old:
                     changed[name] = new_value
             return msgspec.structs.replace(item, **changed) if changed else item
+        if isinstance(item, enum.Enum) or _has_fields(type(item)):
+            # msgspec writes a Raw inside these as it is (an enum's value, a dataclass field).
+            try:
+                builtins = msgspec.to_builtins(item, builtin_types=(msgspec.Raw,))
+            except (TypeError, ValueError):
+                return item  # the encoder refuses it, with a type name
+            fresh = self.value(builtins)
+            return item if fresh is builtins else fresh
         return item  # sets cannot hold a Raw (unhashable); other objects are msgspec's to refuse
+
+
+def _has_fields(kind: type) -> bool:
+    """A dataclass or an attrs class: msgspec writes its fields, a Raw among them as it is."""
+    return hasattr(kind, "__dataclass_fields__") or hasattr(kind, "__attrs_attrs__")
 
 
 def _only_leaves(children: Iterable[Any]) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from ._own import field_of, is_array, is_struct, plain
+from ._own import field_of, fields, is_array, is_struct, plain
 
 __all__ = [
     "decoded_or_text",
@@ -37,6 +37,8 @@ __all__ = [
 ]
 
 _LEAVES = (str, float, bool, int, bytes, bytearray, memoryview, msgspec.Raw, type(None))
+#: Types whose instances :func:`_own.plain` leaves as they are (looked up before calling it).
+_EXACT = frozenset({dict, list, tuple, str, float, bool, int, type(None)})
 
 
 def first_problem(value: Any) -> str | None:
@@ -80,7 +82,8 @@ def nodes(value: Any) -> Iterator[tuple[Any, Where]]:
     stack: list[tuple[Any, Where]] = [(value, "$")]
     while stack:
         item, where = stack.pop()
-        item = plain(item)
+        if type(item) not in _EXACT:
+            item = plain(item)
         yield item, where
         if isinstance(item, _LEAVES):
             continue
@@ -92,11 +95,10 @@ def nodes(value: Any) -> Iterator[tuple[Any, Where]]:
         elif isinstance(item, set | frozenset):
             stack.extend([(v, (where, "[...]")) for v in item])
         elif is_struct(item):
-            names = list(zip(item.__struct_fields__, item.__struct_encode_fields__, strict=True))
-            stack.extend([(field_of(item, n), (where, "." + c)) for n, c in reversed(names)])
+            stack.extend([(field_of(item, n), (where, "." + c)) for n, c in reversed(fields(item))])
         else:
             try:
-                builtins = msgspec.to_builtins(item, enc_hook=_raw_as_null)
+                builtins = msgspec.to_builtins(item, builtin_types=(msgspec.Raw,))
             except (TypeError, ValueError):
                 continue  # the encoder refuses these itself, with a type name
             if builtins is not item:
@@ -140,13 +142,6 @@ def _is_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _raw_as_null(obj: Any) -> Any:
-    # A Raw is JSON text already: JSON has no NaN, so there is nothing inside to look at.
-    if isinstance(obj, msgspec.Raw):
-        return None
-    raise TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
 
 
 class _DuplicateKeyError(Exception):
@@ -250,30 +245,31 @@ def merged_key_path(typed: Any, untyped: Any) -> str | None:
     """
     stack: list[tuple[Any, Any, str]] = [(typed, untyped, "$")]
     while stack:
-        value, plain, path = stack.pop()
-        if isinstance(value, dict) and isinstance(plain, dict):
-            if len(value) != len(plain):
+        value, given, path = stack.pop()
+        given = plain(given)  # the caller's input: its own items, as they were converted
+        if type(value) is dict and type(given) is dict:
+            if len(value) != len(given):
                 return path
             stack.extend(
-                (v, p, f"{path}[...]") for v, p in zip(value.values(), plain.values(), strict=True)
+                (v, p, f"{path}[...]") for v, p in zip(value.values(), given.values(), strict=True)
             )
-        elif isinstance(value, msgspec.Struct):
-            names = zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
-            if isinstance(plain, dict):
+        elif is_struct(value):
+            names = fields(value)
+            if type(given) is dict:
                 stack.extend(
-                    (getattr(value, name), plain[encoded], f"{path}.{encoded}")
+                    (field_of(value, name), given[encoded], f"{path}.{encoded}")
                     for name, encoded in names
-                    if encoded in plain
+                    if encoded in given
                 )
-            elif isinstance(plain, list):  # array_like: fields in order, after the tag if any
-                items = plain[1:] if value.__struct_config__.tag is not None else plain
+            elif is_array(given):  # array_like: fields in order, after the tag if any
+                items = given[1:] if type(value).__struct_config__.tag is not None else given
                 stack.extend(
-                    (getattr(value, name), item, f"{path}.{encoded}")
+                    (field_of(value, name), item, f"{path}.{encoded}")
                     for (name, encoded), item in zip(names, items, strict=False)
                 )
-        elif isinstance(value, list | tuple) and isinstance(plain, list):
+        elif is_array(value) and is_array(given):
             stack.extend(
-                (v, p, f"{path}[{i}]") for i, (v, p) in enumerate(zip(value, plain, strict=False))
+                (v, p, f"{path}[{i}]") for i, (v, p) in enumerate(zip(value, given, strict=False))
             )
     return None
 

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from ._encoding import ENCODER, RefusedError, encode_checked
-from ._own import field_of, is_array, is_container, is_struct, plain
+from ._own import field_of, fields, is_array, is_container, is_struct, plain
 from ._pydantic import pydantic_plain
 from ._refusals import first_problem, refused
 from ._span import Span
@@ -141,7 +141,7 @@ class _Stream:
             yield from self.sequence(value, record, field)
         elif type(value) is dict and len(value) > 1:
             yield from self.mapping(value, record, field)
-        elif is_struct(value) and not value.__struct_config__.omit_defaults:
+        elif is_struct(value) and not type(value).__struct_config__.omit_defaults:
             yield from self.struct(value, top=top)
         else:
             yield self.emit(self.encode(value))
@@ -268,7 +268,7 @@ class _Stream:
         return self.encode(items)
 
     def struct(self, value: msgspec.Struct, *, top: bool) -> Iterator[bytes | memoryview]:
-        names = [name for name in value.__struct_fields__ if _is_container(field_of(value, name))]
+        names = [name for name, _ in fields(value) if _is_container(field_of(value, name))]
         if not names:
             yield self.emit(self.encode(value))
             return
@@ -279,9 +279,7 @@ class _Stream:
         if len(parts) != 2 * len(names) + 1:
             yield self.emit(self.encode(value))
             return
-        encoded_names = dict(
-            zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True)
-        )
+        encoded_names = dict(fields(value))
         for i in range(0, len(parts) - 1, 2):
             if parts[i]:
                 yield self.emit(parts[i])

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from ._encoding import ENCODER
-from ._own import field_of, is_array, is_container, is_struct, items_in
+from ._own import field_of, fields, is_array, is_container, is_struct, items_in
 from ._span import Span
 
 __all__ = ["FIRST_SLICE", "WHOLE_BYTES", "few_items", "spans_in"]
@@ -40,10 +40,10 @@ def few_items(value: Any) -> bool:
     """
     if is_container(value):
         return items_in(value) <= FIRST_SLICE
-    if not is_struct(value) or value.__struct_config__.omit_defaults:
+    if not is_struct(value) or type(value).__struct_config__.omit_defaults:
         return True  # one call when streamed too
     several = 0
-    for name in value.__struct_fields__:
+    for name in type(value).__struct_fields__:
         field = field_of(value, name)
         if is_container(field):
             items = items_in(field)
@@ -66,16 +66,16 @@ def spans_in(value: Any, whole: bytes) -> list[Span] | None:
     if is_array(value):
         end, items = len(whole), items_in(value)
         return [Span(None, 0, end, ((1, end - 1),), (items,))] if items > 1 else []
-    if not is_struct(value) or value.__struct_config__.omit_defaults:
+    if not is_struct(value) or type(value).__struct_config__.omit_defaults:
         return []  # a dict of 16 keys or fewer is one slice: no span (``mapping``)
     counts = {}
-    for name, encoded in zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True):
+    for name, encoded in fields(value):
         field = field_of(value, name)
         if is_array(field) and items_in(field) > 1:
             counts[encoded] = items_in(field)
     if not counts:
         return []
-    if value.__struct_config__.array_like:
+    if type(value).__struct_config__.array_like:
         return None
     try:
         members = _MEMBERS.decode(whole)

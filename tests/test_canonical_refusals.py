@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import re
 import uuid
@@ -355,3 +356,175 @@ async def test_int_keys_beside_a_walked_field_or_a_raw_are_kept(
     compacted = await _compact(harness, value, Any)
     read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
     assert read == rc.Found[Any](value=expected)
+
+
+class _RawItems(dict[str, Any]):
+    def values(self) -> Any:
+        return [msgspec.Raw(b" 2")]
+
+    def items(self) -> Any:
+        return [("b", msgspec.Raw(b" 2"))]
+
+
+class _RawIter(list[Any]):
+    def __iter__(self) -> Any:
+        return iter([msgspec.Raw(b" 2")])
+
+
+class _RawAttr(msgspec.Struct):
+    x: Any
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "x":
+            return msgspec.Raw(b" 2")
+        return super().__getattribute__(name)
+
+
+class _OwnMake(tuple[Any, ...]):
+    @classmethod
+    def _make(cls, items: Any) -> Any:
+        return ("other",)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(_RawItems({"a": 1}), {"a": 1}, id="dict-items"),
+        pytest.param(_RawIter([1]), [1], id="list-iter"),
+        pytest.param(_RawAttr(x=1), {"x": 1}, id="struct-getattribute"),
+        pytest.param(_OwnMake((msgspec.Raw(b" 1"),)), [1], id="tuple-make"),
+    ],
+)
+async def test_the_raw_walk_keeps_what_the_encoder_writes(
+    harness: rc.Harness, value: Any, expected: Any
+) -> None:
+    """The walk that makes Raws canonical rebuilt containers from a subclass's methods (a
+    named tuple's ``_make``): what they showed was stored, not the caller's items."""
+    compacted = await _compact(harness, value, Any)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
+    assert read == rc.Found[Any](value=expected)
+
+
+@dataclasses.dataclass
+class _Holder:
+    a: Any
+
+
+class _RawMember(enum.Enum):
+    TWICE = msgspec.Raw(b'{"q":1,"q":2}')
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        pytest.param(_Holder(a=msgspec.Raw(b'1,"b":2')), "is not one JSON value", id="member"),
+        pytest.param(_Holder(a=msgspec.Raw(b'{"q":1,"q":2}')), "names one key twice", id="twice"),
+        pytest.param([_RawMember.TWICE], "names one key twice", id="enum"),
+    ],
+)
+async def test_a_raw_in_a_dataclass_or_an_enum_is_checked(
+    harness: rc.Harness, value: Any, problem: str
+) -> None:
+    """msgspec writes a Raw inside these as it is: ``1,"b":2`` added a member to the dataclass."""
+    with pytest.raises(ValueError, match=problem):
+        await _compact(harness, value, Any)
+    assert_nothing_stored(store_root(harness.fs))
+    spaced = await _compact(harness, _Holder(a=msgspec.Raw(b' {"q": 1}')), Any)
+    read = await rc.response_compaction_read_exact(harness, spaced.receipt.exact_ref, Any)
+    assert read == rc.Found[Any](value={"a": {"q": 1}})
+
+
+class _SlicesHide(list[Any]):
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, index: Any) -> Any:
+        return [] if isinstance(index, slice) else 0.0
+
+
+class _NanMember(enum.Enum):
+    A = math.nan
+
+
+_NAN_MEMBER: Any = _NanMember.A  # the caller's struct, unvalidated: it may hold anything
+
+
+class _Optional(msgspec.Struct):
+    x: float | None
+
+
+class _Optionals(msgspec.Struct):
+    xs: list[float | None]
+
+
+class _ShowsZero(msgspec.Struct):
+    x: float | None
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "x":
+            return 0.0
+        return super().__getattribute__(name)
+
+
+class _NoFields(msgspec.Struct):
+    x: Any
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("__struct_fields__", "__struct_encode_fields__"):
+            return ()
+        return super().__getattribute__(name)
+
+
+@pytest.mark.parametrize(
+    ("value", "schema"),
+    [
+        pytest.param(_SlicesHide([math.nan, 1]), Any, id="narrowed-slices"),
+        pytest.param(_Optional(x=_NAN_MEMBER), _Optional, id="enum-of-nan"),
+        pytest.param(_Optionals(xs=[_NAN_MEMBER]), _Optionals, id="enum-of-nan-in-list"),
+        pytest.param(_ShowsZero(x=math.nan), _ShowsZero, id="getattribute"),
+        pytest.param(_NoFields(x=math.nan), Any, id="no-fields-shown"),
+    ],
+)
+async def test_a_nan_hidden_from_the_checks_is_refused(
+    harness: rc.Harness, value: Any, schema: Any
+) -> None:
+    """Each was stored as ``null`` and read back Found with None (the value handed in held a
+    NaN): the checks read what a subclass or an enum showed, not what msgspec writes."""
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        await _compact(harness, value, schema)
+    assert_nothing_stored(store_root(harness.fs))
+
+
+class _OneKeyShown(dict[str, int]):
+    def __len__(self) -> int:
+        return 1
+
+    def values(self) -> Any:
+        return [1]
+
+
+_UUID = "c0a80101-0000-4000-8000-000000000001"
+
+
+@pytest.mark.parametrize(
+    ("value", "schema"),
+    [
+        pytest.param(_OneKeyShown({_UUID: 1, _UUID.upper(): 2}), dict[uuid.UUID, int], id="dict"),
+        pytest.param(({_UUID: 1, _UUID.upper(): 2},), list[dict[uuid.UUID, int]], id="tuple"),
+    ],
+)
+async def test_keys_the_schema_merges_are_refused_whatever_the_container(
+    harness: rc.Harness, value: Any, schema: Any
+) -> None:
+    with pytest.raises(ValueError, match="reads as one key"):
+        await _compact(harness, value, schema)
+    assert_nothing_stored(store_root(harness.fs))
+
+
+async def test_a_string_the_walk_was_not_shown_is_refused_without_its_text(
+    harness: rc.Harness,
+) -> None:
+    """The encoder's UnicodeEncodeError (it holds the whole text) was raised as it was."""
+    with pytest.raises(ValueError, match="not valid Unicode") as caught:
+        await _compact(harness, _NoFields(x="sk-SECRET-\ud800"), Any)
+    assert "SECRET" not in repr(caught.value.args)
