@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from ._canonical import to_exact_value
+from ._canonical import TOO_DEEP, to_exact_value
 from ._messages import content_free
 from ._perf import paused_gc
 from ._pydantic import is_pydantic_schema
@@ -148,7 +148,7 @@ async def _convert_items(
             ) from None
         except RecursionError:
             to_exact_value(chunk, cut.type)  # raises the depth refusal
-            raise
+            raise ValueError(TOO_DEEP) from None  # it did not (more stack there): still one
         if merge and merged_key_path(part, chunk) is not None:
             return None
         if mapping:
