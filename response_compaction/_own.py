@@ -16,7 +16,16 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["field_of", "fields", "is_array", "is_container", "is_struct", "items_in", "plain"]
+__all__ = [
+    "field_of",
+    "fields",
+    "is_array",
+    "is_container",
+    "is_struct",
+    "items_in",
+    "plain",
+    "post_inits",
+]
 
 
 def plain(value: Any) -> Any:
@@ -70,3 +79,12 @@ def fields(value: msgspec.Struct) -> list[tuple[str, str]]:
     """The struct's fields, each with its encoded name, from its type (not the instance)."""
     kind = type(value)
     return list(zip(kind.__struct_fields__, kind.__struct_encode_fields__, strict=True))
+
+
+def post_inits(value: msgspec.Struct) -> bool:
+    """Whether a copy of the struct runs its ``__post_init__`` (``msgspec.structs.replace``).
+
+    Such a copy is not what msgspec writes of the struct: its ``__post_init__`` may change the
+    fields, or refuse what stands in for them (a Raw placeholder).
+    """
+    return hasattr(type(value), "__post_init__")

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from ._encoding import ENCODER, RefusedError, encode_checked
-from ._own import field_of, fields, is_array, is_container, is_struct, plain
+from ._own import field_of, fields, is_array, is_container, is_struct, plain, post_inits
 from ._pydantic import pydantic_plain
 from ._refusals import first_problem, refused
 from ._span import Span
@@ -103,9 +103,11 @@ class _Stream:
         (its first slice), so one call for a few of them holds the loop no longer than a few
         of those; the walk between them (placeholders, slices, spans) is what it saves. Over
         ``WHOLE_BYTES``, or over one piece, the layout the walk would record is found in the
-        encoding, a step apart, and the encoding is handed on in pieces.
+        encoding, a step apart, and the encoding is handed on in pieces. A struct with a
+        ``__post_init__`` takes one call whatever its size: the walk copies it with
+        placeholders, and the copy runs it.
         """
-        if not few_items(value):
+        if not few_items(value) and not (is_struct(value) and post_inits(value)):
             yield from self.value(value, top=True)
             return
         try:
@@ -141,7 +143,11 @@ class _Stream:
             yield from self.sequence(value, record, field)
         elif type(value) is dict and len(value) > 1:
             yield from self.mapping(value, record, field)
-        elif is_struct(value) and not type(value).__struct_config__.omit_defaults:
+        elif (
+            is_struct(value)
+            and not type(value).__struct_config__.omit_defaults
+            and not post_inits(value)  # its skeleton would be rebuilt through __post_init__
+        ):
             yield from self.struct(value, top=top)
         else:
             yield self.emit(self.encode(value))

@@ -456,6 +456,38 @@ async def test_a_struct_s_own_slots_are_read_in_parts(harness: rc.Harness) -> No
     assert str(part.value.value).startswith("yyyy")
 
 
+class _SortsItself(msgspec.Struct):
+    rows: list[int]
+
+    def __post_init__(self) -> None:
+        self.rows = sorted(self.rows)
+
+
+class _CountsItself(msgspec.Struct):
+    rows: list[int]
+    made: int = 0
+
+    def __post_init__(self) -> None:
+        self.made += 1
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(_SortsItself(rows=list(range(20))), id="refuses-a-placeholder"),
+        pytest.param(_CountsItself(rows=list(range(20))), id="changes-a-field"),
+        pytest.param(_SortsItself(rows=list(range(50_000))), id="large"),
+    ],
+)
+def test_a_struct_with_a_post_init_is_written_as_it_is(value: Any) -> None:
+    """The walk copied a struct with Raw placeholders for its containers, and the copy ran
+    its ``__post_init__``: a TypeError out of the library, or a field counted twice."""
+    layout: list[Span] = []
+    data = b"".join(bytes(p) for p in iter_canonical(value, PIECE_BYTES, layout))
+    assert data == msgspec.json.encode(value, order="sorted")
+    assert [sum(span.counts) for span in layout] == ([len(value.rows)] if len(data) > 65536 else [])
+
+
 async def test_an_overcounted_list_is_stored_and_read_back(harness: rc.Harness) -> None:
     value = Overcounted(range(30))
     compacted = await rc.response_compact(harness, value, list[int], Summary, options())
