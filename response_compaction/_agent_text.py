@@ -32,6 +32,20 @@ _ENCODE = msgspec.json.Encoder(order="sorted", enc_hook=plain_hook).encode
 _LABELS = {"exact": "value", "summarized": "summary", "fallback": "fallback"}
 
 
+def _check(read_tool: object, max_bytes: object) -> None:
+    """``ValueError`` unless both can be used (checked before any text is made).
+
+    A float ``max_bytes`` failed as a slice index (TypeError) only once a value was cut; a
+    tool name with a line break split the read-more line that the value's own text never may.
+    """
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+        raise ValueError(f"max_bytes must be an int, got {type(max_bytes).__name__}")  # noqa: TRY004 - as read_part's
+    if max_bytes < MIN_TEXT_BYTES:
+        raise ValueError(f"max_bytes must be >= {MIN_TEXT_BYTES}")
+    if not isinstance(read_tool, str) or not read_tool or not read_tool.isprintable():
+        raise ValueError("read_tool must be a tool's name: one line of printable text")
+
+
 def _facts(compacted: Any, read_tool: str) -> dict[str, Any]:
     receipt = compacted.receipt
     kind = compacted.output.kind
@@ -82,10 +96,10 @@ def _coverage_line(facts: dict[str, Any]) -> str:
 def agent_text(compacted: Any, *, read_tool: str = "read_exact", max_bytes: int = 16000) -> str:
     """One plain text for a tool result, at most ``max_bytes`` UTF-8 bytes.
 
-    Raises ``ValueError`` when ``max_bytes`` is below :data:`MIN_TEXT_BYTES`.
+    Raises ``ValueError`` when ``max_bytes`` is not an int of at least :data:`MIN_TEXT_BYTES`,
+    or ``read_tool`` is not one line of printable text.
     """
-    if max_bytes < MIN_TEXT_BYTES:
-        raise ValueError(f"max_bytes must be >= {MIN_TEXT_BYTES}")
+    _check(read_tool, max_bytes)
     facts = _facts(compacted, read_tool)
     label = _LABELS[facts["kind"]]
     tail = "\n".join(
@@ -123,8 +137,7 @@ def agent_json(
     ``value`` is the output's value when it fits; otherwise it is left out and
     ``value_omitted`` is True (the reference reads it).
     """
-    if max_bytes < MIN_TEXT_BYTES:
-        raise ValueError(f"max_bytes must be >= {MIN_TEXT_BYTES}")
+    _check(read_tool, max_bytes)
     facts = _facts(compacted, read_tool)
     value = msgspec.to_builtins(compacted.output.value, enc_hook=plain_hook)
     with_value = {**facts, "value": value}

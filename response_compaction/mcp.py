@@ -64,9 +64,12 @@ DEFAULT_MAX_BYTES = 100_000
 _REPLY_OVERHEAD = 1024
 #: Smaller reads at most, for a reply whose escaped text overshot the cap.
 _SHRINKS = 4
-#: The smallest server cap: a part of ``MIN_MAX_BYTES`` twice, the empty pointer's ``""``
-#: twice, and the rest of a reply.
-_SMALLEST_CAP = 2 * (MIN_MAX_BYTES + 2) + _REPLY_OVERHEAD
+#: Room kept for the pointer echoed in a reply: its JSON of up to this many bytes (62
+#: characters, ``/rows/1234/items/0``-like paths several levels deep).
+_POINTER_ROOM = 64
+#: The smallest server cap: a part of ``MIN_MAX_BYTES`` twice, a pointer of
+#: ``_POINTER_ROOM`` twice, and the rest of a reply.
+_SMALLEST_CAP = 2 * (MIN_MAX_BYTES + _POINTER_ROOM) + _REPLY_OVERHEAD
 
 READ_EXACT_DESCRIPTION = (
     "Read the exact JSON value behind an exact_ref (a string like 'rc1:' + 64 hex characters) "
@@ -144,9 +147,10 @@ def add_read_exact_tool(
     """
     types = _import_mcp("mcp.types")
     part_cap = (max_bytes - _REPLY_OVERHEAD) // 2
-    # Room for a part of MIN_MAX_BYTES beside the shortest pointer echoed ('""'): at 1536
-    # every read answered that the pointer was too long.
-    if part_cap - echoed_bytes("") < MIN_MAX_BYTES:
+    # Room for a part of MIN_MAX_BYTES beside a pointer of a few levels: at 1536 every read
+    # answered that the pointer was too long, at 1540 every read but of the whole value
+    # (the outline's "extend the pointer" could never be followed).
+    if part_cap - _POINTER_ROOM < MIN_MAX_BYTES:
         raise ValueError(f"max_bytes must be >= {_SMALLEST_CAP}")
 
     read_exact = read_tool_function(

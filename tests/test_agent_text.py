@@ -119,6 +119,28 @@ def test_too_small_a_bound_raises() -> None:
         compacted(rc.FallbackOutput(value=FALLBACK)).to_agent_text(max_bytes=1023)
 
 
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        pytest.param({"max_bytes": 2000.5}, "max_bytes must be an int", id="float-bound"),
+        pytest.param({"max_bytes": True}, "max_bytes must be an int", id="bool-bound"),
+        pytest.param({"read_tool": "read\nexact"}, "read_tool", id="newline-name"),
+        pytest.param({"read_tool": "read\u2028exact"}, "read_tool", id="line-separator-name"),
+        pytest.param({"read_tool": ""}, "read_tool", id="no-name"),
+    ],
+)
+def test_arguments_that_cannot_make_the_text_are_value_errors(
+    arguments: dict[str, object], says: str
+) -> None:
+    """A float bound failed as a slice index (TypeError) once the value was cut; a tool name
+    with a line break split the read-more line a value's own text never may."""
+    made = compacted(rc.FallbackOutput(value=Summary(overview="x" * 5000, critical_facts=[])))
+    with pytest.raises(ValueError, match=says):
+        made.to_agent_text(**arguments)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=says):
+        made.to_agent_json(**arguments)  # type: ignore[arg-type]
+
+
 async def test_agent_json_twin(harness: rc.Harness) -> None:
     """The JSON twin carries the same facts, and leaves out a value that does not fit."""
     result = await rc.response_compact(harness, big_exact(1000), Exact, Summary, OPTIONS)

@@ -332,16 +332,21 @@ def test_cap_too_small_for_a_part_is_refused(harness: rc.Harness) -> None:
     """A server cap that cannot hold a 256-byte part twice plus the header is refused."""
     with pytest.raises(ValueError, match="max_bytes"):
         create_server(harness, max_bytes=1500)
-    with pytest.raises(ValueError, match="max_bytes must be >= 1540"):
-        create_server(harness, max_bytes=1539)
+    with pytest.raises(ValueError, match="max_bytes must be >= 1664"):
+        create_server(harness, max_bytes=1663)
 
 
 async def test_the_smallest_cap_allowed_answers_reads(harness: rc.Harness) -> None:
-    """At 1536, accepted, every read answered that the pointer was too long (even '')."""
+    """At 1536, accepted, every read answered that the pointer was too long (even ''); at
+    1540 every read but of the whole value: the outline's advice could not be followed."""
     value = big_exact(300)
     out = await rc.response_compact(harness, value, Exact, Summary, OPTIONS)
-    async with Client(create_server(harness, max_bytes=1540)) as client:
-        for ref in (out.receipt.exact_ref, "rc1:" + "0" * 64):
-            result = await client.call_tool("read_exact", {"exact_ref": ref})
-            assert not result.is_error, result.content
-            assert len(result.model_dump_json(by_alias=True, exclude_none=True).encode()) <= 1540
+    pointers = ["", "/rows", "/rows/0", "/rows/299/tags/0", "/rows/299/" + "x" * 40]
+    async with Client(create_server(harness, max_bytes=1664)) as client:
+        for ref, pointer in [(out.receipt.exact_ref, p) for p in pointers] + [
+            ("rc1:" + "0" * 64, "")
+        ]:
+            args = {"exact_ref": ref, "pointer": pointer}
+            result = await client.call_tool("read_exact", args)
+            assert len(result.model_dump_json(by_alias=True, exclude_none=True).encode()) <= 1664
+            assert not result.is_error or "no member" in str(result.content), result.content
