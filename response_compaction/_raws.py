@@ -22,7 +22,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from ._encoding import ENCODER
-from ._own import field_of, is_struct, plain
+from ._own import field_of, is_struct, plain, post_inits
 from ._refusals import duplicate_key_path, nodes, path_of, type_nodes
 
 __all__ = ["NodeBudgetSpentError", "canonical_raws", "may_hold_raw"]
@@ -118,7 +118,7 @@ class _Walk:
             if same:
                 return item
             return items if kind is list else tuple(items)  # the array either way
-        if is_struct(item):
+        if is_struct(item) and not post_inits(item):
             changed = {}
             for name in type(item).__struct_fields__:
                 old = field_of(item, name)
@@ -126,8 +126,9 @@ class _Walk:
                 if new_value is not old:
                     changed[name] = new_value
             return msgspec.structs.replace(item, **changed) if changed else item
-        if isinstance(item, enum.Enum) or _has_fields(type(item)):
+        if isinstance(item, enum.Enum) or _has_fields(type(item)) or is_struct(item):
             # msgspec writes a Raw inside these as it is (an enum's value, a dataclass field).
+            # A struct with a __post_init__ too: a copy of it would run it on what it is given.
             try:
                 builtins = msgspec.to_builtins(item, builtin_types=(msgspec.Raw,))
             except (TypeError, ValueError):

@@ -405,6 +405,25 @@ async def test_the_raw_walk_keeps_what_the_encoder_writes(
     assert read == rc.Found[Any](value=expected)
 
 
+class _MeasuresItsRaw(msgspec.Struct):
+    raw: Any
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        self.size = len(bytes(self.raw)) if isinstance(self.raw, msgspec.Raw) else -1
+
+
+async def test_a_struct_holding_a_raw_is_not_remade_through_its_post_init(
+    harness: rc.Harness,
+) -> None:
+    """Its Raw made canonical, the struct was copied and the copy ran ``__post_init__`` on the
+    new text: ``size`` 13 was stored where the value handed in says 18."""
+    value = _MeasuresItsRaw(raw=msgspec.Raw(b' {"b": 1,  "a": 2}'))
+    compacted = await _compact(harness, value, Any)
+    read = await rc.response_compaction_read_exact(harness, compacted.receipt.exact_ref, Any)
+    assert read == rc.Found[Any](value={"raw": {"a": 2, "b": 1}, "size": 18})
+
+
 @dataclasses.dataclass
 class _Holder:
     a: Any
