@@ -149,10 +149,11 @@ def close() -> None:
 
 
 class _Escaped:
-    """A ``KeyboardInterrupt`` or ``SystemExit`` from a coroutine, carried to its caller.
+    """A ``BaseException`` from a coroutine (not the loop's cancellation), carried to its caller.
 
-    Left to propagate on the background loop, it would stop the loop for every caller and
-    every later call ("This portal is not running"); it belongs to the calling thread.
+    ``KeyboardInterrupt``, ``SystemExit`` or a model's own. Left to propagate on the background
+    loop, it would stop the loop for every caller and every later call ("This portal is not
+    running"); it belongs to the calling thread.
     """
 
     __slots__ = ("error",)
@@ -164,7 +165,14 @@ class _Escaped:
 async def _contained(func: Callable[..., Awaitable[T]], *args: Any) -> T | _Escaped:
     try:
         return await func(*args)
-    except (KeyboardInterrupt, SystemExit) as error:
+    except anyio.get_cancelled_exc_class():
+        raise  # the portal's own cancellation (close(), a caller's Ctrl-C)
+    except Exception:
+        raise  # the future carries it to the caller
+    except BaseException as error:  # a model's own BaseException stopped the loop for good
+        cancelled = anyio.get_cancelled_exc_class()
+        if isinstance(error, BaseExceptionGroup) and error.subgroup(cancelled) is not None:
+            raise
         return _Escaped(error)
 
 
@@ -180,6 +188,7 @@ class _BackgroundLoop:
         self._lock = threading.Lock()
         self._stack: ExitStack | None = None
         self._portal: BlockingPortal | None = None
+        self._thread: threading.Thread | None = None
         # Models bound to this loop, closed on it before it stops; and those closed so.
         self._models = _Models()
         self._closed = _Models()
@@ -213,8 +222,9 @@ class _BackgroundLoop:
         """Close the models, cancel calls in flight, stop the loop and join its thread."""
         with self._lock:
             stack, self._stack, self._portal = self._stack, None, None
-        if stack is not None:
-            stack.close()
+            thread, self._thread = self._thread, None
+        if stack is not None and thread is not None and thread.is_alive():
+            stack.close()  # (a loop that ended by itself has nothing left to stop)
 
     def close_at_exit(self) -> None:
         """:meth:`close`, for ``atexit``: calls still waiting are cancelled but not woken."""
@@ -225,7 +235,7 @@ class _BackgroundLoop:
         """In a forked child the loop thread does not exist: start afresh there."""
         self._lock = threading.Lock()
         self._exiting = threading.Event()
-        self._stack = self._portal = None
+        self._stack = self._portal = self._thread = None
         self._models = _Models()
         self._closed = _Models()
 
@@ -238,6 +248,10 @@ class _BackgroundLoop:
                     "this harness's model was closed by response_compaction.sync.close();"
                     " give the harness a new one"
                 )
+            if self._thread is not None and not self._thread.is_alive():
+                # Its loop ended without close() (stopped from outside): its portal answers
+                # nothing ever again, and unwinding it would call into it. Start afresh.
+                self._stack = self._portal = self._thread = None
             if self._portal is None:
                 self._portal = self._start()
                 if not self._atexit_registered:
@@ -260,7 +274,7 @@ class _BackgroundLoop:
         # its model to it) before this one closes its models.
         self._models = _Models()
         stack.callback(self._close_models, portal, self._models)
-        self._stack = stack
+        self._stack, self._thread = stack, thread
         return portal
 
     def _close_models(self, portal: BlockingPortal, bound: _Models) -> None:

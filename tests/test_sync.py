@@ -399,6 +399,43 @@ def test_loop_survives_a_keyboard_interrupt_from_a_model(harness: rc.Harness, ba
     loop.close()
 
 
+class Abort(BaseException):
+    """A model's own BaseException (not an Exception): it stopped the loop for every caller."""
+
+
+class _AbortingModel(_InterruptingModel):
+    async def complete(self, route: str, request: rc.SummaryRequest) -> rc.RungReply:
+        raise Abort
+
+
+def test_module_functions_survive_a_model_s_own_base_exception(harness: rc.Harness) -> None:
+    """It reaches the caller; later calls, for any harness, and close() keep working (they
+    all raised "This portal is not running" until close(), which raised it too)."""
+    aborting = rc.Harness(fs=harness.fs, llm=_AbortingModel())
+    with pytest.raises(Abort):
+        sync.response_compact(aborting, big_exact(100), Exact, Summary, {**OPTIONS, "ladder": "x"})
+    value = Exact(rows=[], total=0)
+    assert sync.response_compact(harness, value, Exact, Summary, OPTIONS).output.value == value
+    sync.close()
+
+
+def test_a_loop_stopped_from_outside_is_started_again(harness: rc.Harness) -> None:
+    """A loop that ended without close() is not called into again: the next call starts one."""
+    loop = sync._BackgroundLoop("asyncio")
+    value = Exact(rows=[], total=0)
+    args = (harness, value, Exact, Summary, OPTIONS)
+    try:
+        assert loop.call("response_compact", harness, rc.response_compact, *args)
+        portal = loop._portal_for(harness)
+        portal.call(portal.stop)  # the loop ends: its thread returns
+        assert loop._thread is not None
+        loop._thread.join()
+        after = loop.call("response_compact", harness, rc.response_compact, *args)
+        assert after.output.value == value
+    finally:
+        loop.close()
+
+
 def test_module_functions_survive_a_keyboard_interrupt(harness: rc.Harness) -> None:
     """Through the module functions too: after the interrupt, calls and close() keep working."""
     interrupting = rc.Harness(fs=harness.fs, llm=_InterruptingModel())
