@@ -12,6 +12,7 @@ and/or ``OPENAI_BASE_URL`` (any OpenAI-compatible server) plus a model from ``--
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -42,6 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.fallback is None:
             args.fallback = DEFAULT_FALLBACK
     backend = getattr(args, "backend", "asyncio")
+    closed = _closed_stream(args)
+    if closed is not None:  # Python sets it to None: every use was an AttributeError
+        note(f"OSError: standard {closed} is closed")
+        return EXIT_ERROR
     try:
         if args.command == "compact":
             # Before the loop: reading stdin blocks.
@@ -61,3 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, LookupError) as exc:
         note(f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR
+
+
+def _closed_stream(args: argparse.Namespace) -> str | None:
+    """The standard stream ``args``' command needs that the process was started without."""
+    if sys.stdout is None:
+        return "output"
+    reads = args.command in ("mcp", "proxy") or (args.command == "compact" and args.file == "-")
+    return "input" if reads and sys.stdin is None else None
