@@ -495,6 +495,29 @@ async def test_bytes_of_every_kind_are_retained_as_the_json_they_hold(
     assert await stored(compactor, await compactor.wrap(tool)()) == records(400)
 
 
+@pytest.mark.parametrize("shape", [list, dict], ids=["list", "dict"])
+async def test_a_list_or_dict_of_pydantic_models_is_retained(
+    compactor: Compactor, shape: Any
+) -> None:
+    """Only a model at the top was made plain data: ``list[Model]``, a common tool's return
+    type, failed the tool call (ValueError: PM is unsupported)."""
+    import pydantic
+
+    class Record(pydantic.BaseModel):
+        id: int
+        name: str
+
+    models = [Record(id=i, name=f"record {i}") for i in range(3)]
+    result = models if shape is list else {f"r{m.id}": m for m in models}
+
+    def tool() -> Any:
+        return result
+
+    plain = [{"id": i, "name": f"record {i}"} for i in range(3)]
+    expected = plain if shape is list else {f"r{i}": p for i, p in enumerate(plain)}
+    assert await stored(compactor, await compactor.wrap(tool)()) == expected
+
+
 async def test_an_async_callable_object_is_awaited_not_stored(compactor: Compactor) -> None:
     """Ones ``inspect.iscoroutinefunction`` does not see (an object with an async __call__, a
     plain decorator's wrapper): their coroutine is awaited, not handed to the store."""

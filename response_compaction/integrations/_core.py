@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from .._compact import response_compact, response_compaction_read_exact
 from .._encoding import line_safe
 from .._models import Found
 from .._part import MIN_MAX_BYTES
-from .._pydantic import pydantic_plain
+from .._pydantic import plain_hook, pydantic_plain
 from .._read import response_compaction_read_part
 from .._refusals import decoded_or_text
 from ..mcp import echoed_bytes, read_result_as_dict, read_tool_function
@@ -261,7 +262,22 @@ def _exact(result: Any) -> Any:
             result = result.decode("utf-8", "replace")
     if isinstance(result, str):
         return decoded_or_text(result)
+    if _holds_models(result):  # list[Model] or dict[str, Model]: a common tool's return
+        return msgspec.to_builtins(result, enc_hook=plain_hook)
     return pydantic_plain(result)
+
+
+def _holds_models(result: Any) -> bool:
+    """Whether ``result`` is a list, tuple or dict with a pydantic model among its items.
+
+    Only one level down (the item types are gathered in C): deeper models are refused by the
+    encoder, as any object it cannot write.
+    """
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is None or not isinstance(result, list | tuple | dict):
+        return False
+    items = result.values() if isinstance(result, dict) else result
+    return any(issubclass(kind, pydantic.BaseModel) for kind in set(map(type, items)))
 
 
 def _json(value: Any) -> str:
