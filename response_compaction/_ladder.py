@@ -22,7 +22,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ._canonical import Span, canonical_bytes, decode_exact
-from ._grounding import ungrounded
+from ._grounding import missing_detail, ungrounded
 from ._models import Attempt, AttemptOutcome, CompactionOptions, FallbackReason
 from ._profile import Profile, ProfiledValue, decode_canonical, profile_value, render_profile
 from ._prompt import (
@@ -285,12 +285,12 @@ async def _ask(
             # only the class reaches the attempt); canonical JSON refuses pydantic's 1e999.
             value = decode_exact((reply.text or "").encode(), run.summary_schema)
             canonical_bytes(value)
-        except ValueError as exc:
+        except Exception as exc:  # the schema's own code may raise anything (a KeyError)
             outcome, error = "invalid", type(exc).__name__
     if value is not None and final and run.options.grounded:
         missing = ungrounded(value, run.options.grounded, run.haystacks)
         if missing:
-            outcome, error = "ungrounded", f"{missing} identifiers not in the data"
+            outcome, error = "ungrounded", missing_detail(missing)
     _record(
         run,
         Attempt(

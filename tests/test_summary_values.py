@@ -143,3 +143,56 @@ async def test_a_grounded_field_the_reply_left_out_has_nothing_to_check(
     async with harness_for(workspace, server, ["a"]) as harness:
         compacted = await compact(harness, Partial, fallback, grounded=["ids"])
     assert compacted.output.value == Partial(overview="rows")
+
+
+@pytest.mark.parametrize(
+    "shortened",
+    [["ERR-004"], ["RR-0042"], ["ERR-00"]],
+    ids=["cut-end", "cut-start", "cut-both"],
+)
+async def test_a_shortened_identifier_is_not_grounded(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI, shortened: list[str]
+) -> None:
+    """Found as part of a longer one (``ERR-004`` inside ``ERR-0042``) it passed."""
+    server.script("a", summary_reply({"overview": "x", "codes": shortened}))
+    server.script("b", summary_reply({"overview": "x", "codes": FOUND}))
+    fallback = Named(overview="fallback", codes=[])
+    async with harness_for(workspace, server, ["a", "b"]) as harness:
+        compacted = await compact(harness, Named, fallback, grounded=["codes"])
+    assert outcomes(compacted) == [("a", "ungrounded"), ("b", "ok")]
+
+
+async def test_many_invented_identifiers_are_counted_only_so_far(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """Each is a scan of the data: 20,000 invented ones took 86 s on 7 MB, past any budget.
+    One already makes the rung ungrounded; the count stops at ten, each counted once."""
+    invented = [f"zz{i}q" for i in range(3000)] * 2
+    server.script("a", summary_reply({"overview": "x", "codes": invented}))
+    fallback = Named(overview="fallback", codes=[])
+    async with harness_for(workspace, server, ["a"]) as harness:
+        compacted = await compact(harness, Named, fallback, grounded=["codes"])
+    (attempt,) = compacted.receipt.attempts
+    assert (attempt.outcome, attempt.error) == ("ungrounded", "10+ identifiers not in the data")
+
+
+class Strict(msgspec.Struct, frozen=True):
+    overview: str
+
+    def __post_init__(self) -> None:
+        if self.overview.startswith("boom"):
+            raise KeyError(self.overview)
+
+
+async def test_a_schema_raising_any_exception_is_an_invalid_rung(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """Only ValueError was: a KeyError from the schema's own check crashed the compaction,
+    carrying the reply's text."""
+    server.script("a", summary_reply({"overview": "boom SECRET-REPLY"}))
+    server.script("b", summary_reply({"overview": "fine"}))
+    async with harness_for(workspace, server, ["a", "b"]) as harness:
+        compacted = await compact(harness, Strict, Strict(overview="fallback"))
+    assert outcomes(compacted) == [("a", "invalid"), ("b", "ok")]
+    assert compacted.receipt.attempts[0].error == "KeyError"
+    assert compacted.output.value == Strict(overview="fine")
