@@ -185,6 +185,7 @@ class _SummaryIdentity(msgspec.Struct, frozen=True, kw_only=True):
     temperature: float | None
     max_model_calls: int
     grounded: tuple[str, ...]
+    server: str
 
 
 def summary_key(
@@ -202,11 +203,13 @@ def summary_key(
     temperature: float | None = None,
     max_model_calls: int = 0,
     grounded: tuple[str, ...] = (),
+    server: str = "",
 ) -> str:
     """The hex cache key of a summary: everything that changes what the model is asked.
 
     ``context_tokens`` are the routes' context limits (they bound the prompts), and the
-    prompt version changes whenever the wording or layout does.
+    prompt version changes whenever the wording or layout does. ``server``: where the routes
+    are served (a route's name says little: a llama-server answers any name with its model).
     """
     identity = _SummaryIdentity(
         v=2,
@@ -224,5 +227,6 @@ def summary_key(
         temperature=temperature,
         max_model_calls=max_model_calls,
         grounded=grounded,
+        server=server,
     )
     return hashlib.sha256(_ENCODER.encode(identity)).hexdigest()

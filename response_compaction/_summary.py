@@ -81,7 +81,14 @@ def _key(
         temperature=temperature if isinstance(temperature, float) else None,
         max_model_calls=options.max_model_calls if options.coverage == "full" else 0,
         grounded=options.grounded,
+        server=_server(model),
     )
+
+
+def _server(model: SummaryModel) -> str:
+    """Where ``model`` is served: an OpenAICatalog's client's base URL; else unknown ("")."""
+    base_url = getattr(getattr(model, "client", None), "base_url", None)
+    return str(base_url) if base_url is not None else ""
 
 
 class _Flight:

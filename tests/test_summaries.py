@@ -344,6 +344,24 @@ async def test_sdk_retries_are_off_for_every_rung(
 # --------------------------------------------------------------------------- the cache
 
 
+async def test_another_server_with_the_same_route_names_is_asked_again(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """A route's name says little (a llama-server answers any name with its model): the
+    second server's summary was the first's, from the cache, without a request."""
+    server.script("small", summary_reply(GOOD))
+    async with model_harness(workspace, server, {"main": ["small"]}) as harness:
+        first = await compact(harness)
+    with fake_openai() as other:
+        other.script("small", summary_reply({**GOOD, "overview": "the other server's"}))
+        async with model_harness(workspace, other, {"main": ["small"]}) as harness:
+            second = await compact(harness)
+        assert other.count() == 1
+    assert (first.receipt.summary_cache, second.receipt.summary_cache) == ("stored", "stored")
+    assert isinstance(second.output, rc.SummarizedOutput)
+    assert second.output.value.overview == "the other server's"
+
+
 async def test_cache_hit_makes_no_request(workspace: rc.LocalWorkspace, server: FakeOpenAI) -> None:
     """The same response and identity a second time is a hit: no request, same summary."""
     server.script("small", summary_reply(GOOD))
