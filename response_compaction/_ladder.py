@@ -288,7 +288,7 @@ async def _ask(
         except Exception as exc:  # the schema's own code may raise anything (a KeyError)
             outcome, error = "invalid", type(exc).__name__
     if value is not None and final and run.options.grounded:
-        missing = ungrounded(value, run.options.grounded, run.haystacks)
+        missing = await off_loop(ungrounded, value, run.options.grounded, run.haystacks)
         if missing:
             outcome, error = "ungrounded", missing_detail(missing)
     _record(

@@ -627,6 +627,18 @@ def test_identifiers_follow_the_documented_rule(text: str, found: list[str]) -> 
     assert list(identifiers(text)) == found
 
 
+def test_an_identifier_after_an_escape_or_a_colour_code_is_found_whole() -> None:
+    """Canonical JSON writes a newline as ``\\n``: ``ERR-1042`` after one stood after a letter
+    and was not found (a log's lines were all ungrounded); a colour code ends in ``m``."""
+    from response_compaction._grounding import ungrounded
+
+    data = msgspec.json.encode({"log": "failed\nERR-1042 at\tacct_4821 \u001b[31mERR-7"})
+    found = {"ids": ["ERR-1042", "acct_4821", "ERR-7"]}
+    assert ungrounded(found, ["ids"], [memoryview(data)]) == 0
+    parts = {"ids": ["ERR-104", "RR-1042", "acct_482", "cct_4821"]}
+    assert ungrounded(parts, ["ids"], [data]) == 4
+
+
 def test_profile_walk_is_bounded_and_says_so() -> None:
     """Past the path bound the profile is marked incomplete instead of growing without end."""
     from response_compaction._profile import MAX_PATHS, profile_value
