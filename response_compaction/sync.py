@@ -170,10 +170,7 @@ async def _contained(func: Callable[..., Awaitable[T]], *args: Any) -> T | _Esca
     except Exception:
         raise  # the future carries it to the caller
     except BaseException as error:  # a model's own BaseException stopped the loop for good
-        cancelled = anyio.get_cancelled_exc_class()
-        if isinstance(error, BaseExceptionGroup) and error.subgroup(cancelled) is not None:
-            raise
-        return _Escaped(error)
+        return _Escaped(error)  # a group holding a cancellation too: raised, it stopped it
 
 
 class _BackgroundLoop:
@@ -201,7 +198,12 @@ class _BackgroundLoop:
         """Run ``func(*args)`` on the loop and wait for it in this thread."""
         _refuse_inside_event_loop(name)
         future: Future[T | _Escaped]
-        future = self._portal_for(harness).start_task_soon(_contained, func, *args)
+        portal = self._portal_for(harness)
+        try:
+            future = portal.start_task_soon(_contained, func, *args)
+        except RuntimeError:  # "This portal is not running": its loop ended without close()
+            self._forget(portal)
+            future = self._portal_for(harness).start_task_soon(_contained, func, *args)
         try:
             result = future.result()
         except BaseException:
@@ -245,13 +247,11 @@ class _BackgroundLoop:
             if isinstance(model, Closable) and model in self._closed:
                 # Run, it would fail every summary into the fallback, with no word of why.
                 raise RuntimeError(
-                    "this harness's model was closed by response_compaction.sync.close();"
-                    " give the harness a new one"
+                    "this harness's model was closed by response_compaction.sync.close() (or"
+                    " its background loop ended); give the harness a new one"
                 )
             if self._thread is not None and not self._thread.is_alive():
-                # Its loop ended without close() (stopped from outside): its portal answers
-                # nothing ever again, and unwinding it would call into it. Start afresh.
-                self._stack = self._portal = self._thread = None
+                self._dropped()
             if self._portal is None:
                 self._portal = self._start()
                 if not self._atexit_registered:
@@ -262,6 +262,23 @@ class _BackgroundLoop:
             if isinstance(model, Closable):
                 self._models.add(model)
             return self._portal
+
+    def _forget(self, portal: BlockingPortal) -> None:
+        """Drop ``portal`` if it is still the current one (it stopped answering)."""
+        with self._lock:
+            if self._portal is portal:
+                self._dropped()
+
+    def _dropped(self) -> None:
+        """Forget a loop that ended without close() (under the lock), and its models.
+
+        Its portal answers nothing again, and unwinding it would call into it. Its models
+        (an HTTP client bound to that loop) would fail every summary into the fallback
+        without a word: they count as closed, so their harness is refused with the reason.
+        """
+        for model in self._models.take():
+            self._closed.add(model)
+        self._stack = self._portal = self._thread = None
 
     def _start(self) -> BlockingPortal:
         portal, thread = _portal_thread(self._backend)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -404,34 +405,57 @@ class Abort(BaseException):
 
 
 class _AbortingModel(_InterruptingModel):
+    def __init__(self, error: Callable[[], BaseException]) -> None:
+        self.error = error
+
     async def complete(self, route: str, request: rc.SummaryRequest) -> rc.RungReply:
-        raise Abort
+        raise self.error()
 
 
-def test_module_functions_survive_a_model_s_own_base_exception(harness: rc.Harness) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [Abort, lambda: BaseExceptionGroup("g", [asyncio.CancelledError(), KeyboardInterrupt()])],
+    ids=["base-exception", "group-with-a-cancellation"],
+)
+def test_module_functions_survive_a_model_s_own_base_exception(
+    harness: rc.Harness, error: Callable[[], BaseException]
+) -> None:
     """It reaches the caller; later calls, for any harness, and close() keep working (they
     all raised "This portal is not running" until close(), which raised it too)."""
-    aborting = rc.Harness(fs=harness.fs, llm=_AbortingModel())
-    with pytest.raises(Abort):
+    aborting = rc.Harness(fs=harness.fs, llm=_AbortingModel(error))
+    with pytest.raises((Abort, BaseExceptionGroup)):
         sync.response_compact(aborting, big_exact(100), Exact, Summary, {**OPTIONS, "ladder": "x"})
     value = Exact(rows=[], total=0)
     assert sync.response_compact(harness, value, Exact, Summary, OPTIONS).output.value == value
     sync.close()
 
 
-def test_a_loop_stopped_from_outside_is_started_again(harness: rc.Harness) -> None:
-    """A loop that ended without close() is not called into again: the next call starts one."""
+class _ClosableModel(_InterruptingModel):
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("joined", [True, False], ids=["thread-ended", "thread-ending"])
+def test_a_loop_stopped_from_outside_is_started_again(harness: rc.Harness, joined: bool) -> None:
+    """A loop that ended without close() is not called into again: the next call starts one.
+    A model bound to it is refused with the reason (its client failed every summary)."""
     loop = sync._BackgroundLoop("asyncio")
     value = Exact(rows=[], total=0)
-    args = (harness, value, Exact, Summary, OPTIONS)
+    bound = rc.Harness(fs=harness.fs, llm=_ClosableModel())
     try:
-        assert loop.call("response_compact", harness, rc.response_compact, *args)
+        loop.call("response_compact", bound, rc.response_compact, bound, value, Exact, Summary,
+                  OPTIONS)  # fmt: skip
         portal = loop._portal_for(harness)
-        portal.call(portal.stop)  # the loop ends: its thread returns
-        assert loop._thread is not None
-        loop._thread.join()
+        portal.call(portal.stop)  # the loop ends: its thread returns, soon or already
+        if joined:
+            assert loop._thread is not None
+            loop._thread.join()
+        args = (harness, value, Exact, Summary, OPTIONS)
         after = loop.call("response_compact", harness, rc.response_compact, *args)
         assert after.output.value == value
+        with pytest.raises(RuntimeError, match="background loop ended"):
+            loop.call("response_compact", bound, rc.response_compact, bound, value, Exact,
+                      Summary, OPTIONS)  # fmt: skip
     finally:
         loop.close()
 
