@@ -94,19 +94,18 @@ async def response_compact(
     when the value cannot be retained. No exception raised, nor any it was raised from,
     holds content of the response.
     """
+    started = anyio.current_time()  # the clock budgets are kept on
     with HIDDEN_CONTEXT_DROPPED:
-        return await _compact(harness, exact_response, exact_schema, summary_schema, options)
+        opts = resolve_options(options, summary_schema)
+        schemas = (exact_schema, summary_schema)
+        return await _compact(harness, exact_response, schemas, opts, started)
 
 
 async def _compact(
-    harness: HarnessLike,
-    exact_response: object,
-    exact_schema: object,
-    summary_schema: object,
-    options: CompactionOptions[Any] | Mapping[str, Any],
-) -> Compacted[Any, Any]:
-    started = anyio.current_time()  # the clock budgets are kept on
-    opts = resolve_options(options, summary_schema)
+    harness: HarnessLike, exact_response: object, schemas: tuple[object, object],
+    opts: CompactionOptions[Any], started: float,
+) -> Compacted[Any, Any]:  # fmt: skip
+    exact_schema, summary_schema = schemas
     llm = harness.llm
     # Checked with or without a model, so a test on llm=None refuses what production would.
     json_schema = strict_json_schema(summary_schema)
