@@ -223,10 +223,16 @@ class _BackgroundLoop:
     def close(self) -> None:
         """Close the models, cancel calls in flight, stop the loop and join its thread."""
         with self._lock:
+            if self._thread is not None and not self._thread.is_alive():
+                self._dropped()
             stack, self._stack, self._portal = self._stack, None, None
             thread, self._thread = self._thread, None
         if stack is not None and thread is not None and thread.is_alive():
-            stack.close()  # (a loop that ended by itself has nothing left to stop)
+            try:
+                stack.close()
+            except RuntimeError as error:  # its loop ended by itself, its thread still ending
+                if "portal is not running" not in str(error):
+                    raise
 
     def close_at_exit(self) -> None:
         """:meth:`close`, for ``atexit``: calls still waiting are cancelled but not woken."""

@@ -450,6 +450,8 @@ def test_a_loop_stopped_from_outside_is_started_again(harness: rc.Harness, joine
         if joined:
             assert loop._thread is not None
             loop._thread.join()
+        else:
+            loop.close()  # raised "This portal is not running" while its thread was ending
         args = (harness, value, Exact, Summary, OPTIONS)
         after = loop.call("response_compact", harness, rc.response_compact, *args)
         assert after.output.value == value
