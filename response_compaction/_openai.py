@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
 from msgspec import UNSET, UnsetType
 
 from ._ladder import RungReply
@@ -114,8 +115,10 @@ class OpenAICatalog:
         extra: dict[str, Any] = {}
         if self.temperature is not None:
             extra["temperature"] = self.temperature
+        create = self._rung_client.chat.completions.with_streaming_response.create
+        cap = REPLY_BYTES + 64 * request.max_output_tokens
         try:
-            response = await self._rung_client.chat.completions.create(
+            async with create(
                 model=route,
                 messages=[
                     {"role": "system", "content": request.system},
@@ -131,11 +134,17 @@ class OpenAICatalog:
                 },
                 max_completion_tokens=request.max_output_tokens,
                 **extra,
-            )
+            ) as raw:
+                body = await _body(raw, cap)
         except openai.APIStatusError as exc:
             return _status_reply(exc, _Echo(request))
         except openai.APIError as exc:
             return RungReply(outcome="error", detail=type(exc).__name__)
+        if body is None:
+            return RungReply(outcome="error", detail=f"reply over {cap} bytes")
+        response = _completion(body)
+        if response is None:
+            return RungReply(outcome="error", detail="reply is not a completion")
         usage = getattr(response, "usage", None)
         served = getattr(response, "model", None)
         tokens: dict[str, Any] = {
@@ -159,6 +168,38 @@ class OpenAICatalog:
         if not isinstance(message.content, str):
             return RungReply(outcome="error", detail="no content", **tokens)
         return RungReply(outcome="ok", text=message.content, **tokens)
+
+
+#: A reply's body is read up to this many bytes, plus 64 a token of output asked for: a
+#: server streaming one without end (a broken or hostile one) held 1.1 GB after 3 s, and the
+#: client reads the whole body before it returns.
+REPLY_BYTES = 1 << 20
+
+
+async def _body(raw: Any, cap: int) -> bytes | None:
+    """The body of the reply ``raw``, or None if it is longer than ``cap`` bytes.
+
+    Past the cap the rest is read and dropped, not kept: the budget ends an endless one.
+    (Left unread, the client's generators were finalized unexhausted, which trio reports.)
+    """
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in raw.iter_bytes():
+        size += len(chunk)
+        if size <= cap:
+            chunks.append(chunk)
+    return b"".join(chunks) if size <= cap else None
+
+
+def _completion(body: bytes) -> Any:
+    """The chat completion in ``body``, built leniently as the client builds one; or None."""
+    from openai.types.chat import ChatCompletion
+
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return ChatCompletion.construct(**data) if isinstance(data, dict) else None
 
 
 #: What an error type or code may look like to be shown (``exceed_context_size_error``,

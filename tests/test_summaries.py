@@ -270,6 +270,23 @@ async def test_every_failed_rung_ends_in_the_fallback_and_is_never_cached(
     assert summary_files(workspace) == []
 
 
+async def test_a_reply_far_longer_than_its_tokens_is_not_read_whole(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """The client read a whole body before it returned (a server streaming one without end
+    held 1.1 GB in 3 s), and a 3 MB "summary" was taken as one. Bodies are read up to 1 MiB
+    and 64 bytes a token of output asked for."""
+    server.script("long", summary_reply({"overview": "A" * 3_000_000, "critical_facts": []}))
+    server.script("good", summary_reply(GOOD))
+    async with model_harness(workspace, server, {"main": ["long", "good"]}) as harness:
+        compacted = await compact(harness)
+    assert outcomes(compacted.receipt) == [("long", "error"), ("good", "ok")]
+    assert isinstance(compacted.receipt.attempts, tuple)
+    error = compacted.receipt.attempts[0].error
+    assert isinstance(error, str)
+    assert error.startswith("reply over ")
+
+
 async def test_fallback_reason_is_the_last_rung_outcome(
     workspace: rc.LocalWorkspace, server: FakeOpenAI
 ) -> None:
