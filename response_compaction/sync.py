@@ -278,9 +278,8 @@ class _BackgroundLoop:
     def _dropped(self) -> None:
         """Forget a loop that ended without close() (under the lock), and its models.
 
-        Its portal answers nothing again, and unwinding it would call into it. Its models
-        (an HTTP client bound to that loop) would fail every summary into the fallback
-        without a word: they count as closed, so their harness is refused with the reason.
+        Unwinding it would call its portal, which answers nothing again; its models (an HTTP
+        client bound to it) would fail every summary silently: they count as closed.
         """
         for model in self._models.take():
             self._closed.add(model)
