@@ -15,11 +15,12 @@ maximum context length) is flagged so the ladder can retry once with a smaller p
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import msgspec
 from msgspec import UNSET, UnsetType
 
 from ._ladder import RungReply
@@ -140,8 +141,8 @@ class OpenAICatalog:
             return _status_reply(exc, _Echo(request))
         except openai.APIError as exc:
             return RungReply(outcome="error", detail=type(exc).__name__)
-        if body is None:
-            return RungReply(outcome="error", detail=f"reply over {cap} bytes")
+        if isinstance(body, str):
+            return RungReply(outcome="error", detail=body)
         response = _completion(body)
         if response is None:
             return RungReply(outcome="error", detail="reply is not a completion")
@@ -176,28 +177,40 @@ class OpenAICatalog:
 REPLY_BYTES = 1 << 20
 
 
-async def _body(raw: Any, cap: int) -> bytes | None:
-    """The body of the reply ``raw``, or None if it is longer than ``cap`` bytes.
+async def _body(raw: Any, cap: int) -> bytes | str:
+    """The body of the reply ``raw``, or why not: longer than ``cap`` bytes, or cut.
 
     Past the cap the rest is read and dropped, not kept: the budget ends an endless one.
     (Left unread, the client's generators were finalized unexhausted, which trio reports.)
+    The HTTP library's errors while reading are named as the client names them when it
+    reads the body itself (APIConnectionError, APITimeoutError).
     """
+    http = sys.modules.get(type(raw.http_response).__module__.partition(".")[0])
     chunks: list[bytes] = []
     size = 0
-    async for chunk in raw.iter_bytes():
-        size += len(chunk)
-        if size <= cap:
-            chunks.append(chunk)
-    return b"".join(chunks) if size <= cap else None
+    try:
+        async for chunk in raw.iter_bytes():
+            size += len(chunk)
+            if size <= cap:
+                chunks.append(chunk)
+    except Exception as exc:
+        if http is None or not isinstance(exc, http.HTTPError):
+            raise
+        return "APITimeoutError" if isinstance(exc, http.TimeoutException) else "APIConnectionError"
+    return b"".join(chunks) if size <= cap else f"reply over {cap} bytes"
 
 
 def _completion(body: bytes) -> Any:
-    """The chat completion in ``body``, built leniently as the client builds one; or None."""
+    """The chat completion in ``body``, read as the client reads one; or None.
+
+    ``json.loads`` as the client: a BOM, UTF-16 and NaN pass (msgspec refused them), and the
+    completion is built leniently.
+    """
     from openai.types.chat import ChatCompletion
 
     try:
-        data = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+        data = json.loads(body)
+    except ValueError:  # not JSON, not text (UnicodeDecodeError is a ValueError)
         return None
     return ChatCompletion.construct(**data) if isinstance(data, dict) else None
 

@@ -9,6 +9,7 @@ waits on an event, and the test waits for the server to say a request has arrive
 from __future__ import annotations
 
 import gc
+import json
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -285,6 +286,32 @@ async def test_a_reply_far_longer_than_its_tokens_is_not_read_whole(
     error = compacted.receipt.attempts[0].error
     assert isinstance(error, str)
     assert error.startswith("reply over ")
+
+
+async def test_a_completion_the_client_read_is_still_read(
+    workspace: rc.LocalWorkspace, server: FakeOpenAI
+) -> None:
+    """Bodies are read as the client reads them (``json.loads``): a BOM before the JSON sent
+    every summary to the fallback when msgspec decoded them."""
+    completion = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m1",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": json.dumps(GOOD)},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+    server.script("bom", Body(b"\xef\xbb\xbf" + json.dumps(completion).encode()))
+    async with model_harness(workspace, server, {"main": ["bom"]}) as harness:
+        compacted = await compact(harness)
+    assert outcomes(compacted.receipt) == [("bom", "ok")]
+    assert compacted.output == rc.SummarizedOutput(value=Summary(**GOOD))
 
 
 async def test_fallback_reason_is_the_last_rung_outcome(
