@@ -182,10 +182,8 @@ async def run_ladder(
             if options.coverage != "head" or options.grounded:
                 run.pv = await off_loop(profile_source, source)
                 run.result.profile = run.pv.profile
-            if options.grounded:
-                run.haystacks = [source.data]
-                if run.pv is not None:
-                    run.haystacks.append(render_profile(run.pv.profile, 1 << 30).encode())
+            if options.grounded and run.pv is not None:  # (grounded: profiled just above)
+                run.haystacks = [source.data, render_profile(run.pv.profile, 1 << 30).encode()]
             full = options.coverage == "full" and options.max_model_calls > 1
             if full and run.pv is not None and run.pv.records is not None:
                 reason = await _full(run, run.pv, deadline)
@@ -288,7 +286,8 @@ async def _ask(
         except Exception as exc:  # the schema's own code may raise anything (a KeyError)
             outcome, error = "invalid", type(exc).__name__
     if value is not None and final and run.options.grounded:
-        missing = await off_loop(ungrounded, value, run.options.grounded, run.haystacks)
+        size = sum(map(len, run.haystacks))  # a few KB are checked here, as off_loop's work is
+        missing = await off_loop(ungrounded, value, run.options.grounded, run.haystacks, size=size)
         if missing:
             outcome, error = "ungrounded", missing_detail(missing)
     _record(
