@@ -119,25 +119,26 @@ def _occurs(ident: str, datas: Sequence[bytes]) -> bool:
     needles = dict.fromkeys((raw, msgspec.json.encode(ident)[1:-1]))
     for data in datas:
         for needle in needles:
+            starts, ends = needle[0] in _WORD, needle[-1] in _WORD  # edges that could run on
             at = data.find(needle)
             while at >= 0:
-                if _starts_word(data, at, needle) and _ends_word(data, at + len(needle), needle):
+                end = at + len(needle)
+                if (not starts or _no_word_before(data, at)) and (
+                    not ends or end == len(data) or data[end] not in _WORD
+                ):
                     return True
                 at = data.find(needle, at + 1)
     return False
 
 
-def _starts_word(data: bytes, at: int, needle: bytes) -> bool:
-    if at == 0 or not _WORD.fullmatch(needle[:1]) or not _WORD.fullmatch(data[at - 1 : at]):
+def _no_word_before(data: bytes, at: int) -> bool:
+    """Whether no word runs on into ``at`` (a JSON escape or a colour code ends one)."""
+    if at == 0 or data[at - 1] not in _WORD:
         return True
     return _ESCAPED.search(data, max(0, at - 16), at) is not None
 
 
-def _ends_word(data: bytes, end: int, needle: bytes) -> bool:
-    return not _WORD.fullmatch(needle[-1:]) or not _WORD.fullmatch(data[end : end + 1])
-
-
-_WORD = re.compile(rb"[A-Za-z0-9_]")
+_WORD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 #: What may stand right before an identifier though it ends in a letter: a JSON escape of a
 #: control character (``\n``, ``\t``) or a terminal colour code (``\u001b[31m``).
 _ESCAPED = re.compile(rb"(?:(?<!\\)(?:\\\\)*\\[nrtbf]|\[[0-9;]*m)\Z")
