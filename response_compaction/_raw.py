@@ -31,7 +31,7 @@ import msgspec.inspect as mi
 
 from ._canonical import TOO_DEEP, duplicate_keys_message, merged_keys_message, to_exact_value
 from ._messages import content_free
-from ._own import field_of
+from ._own import field_of, fields
 from ._perf import paused_gc
 from ._raw_cut import SLICE_BYTES, Container, NotCutError, SliceError, cut_container
 from ._refusals import duplicate_key_path, keys_may_merge, merged_key_path
@@ -231,8 +231,7 @@ def _key_problem(
     if not keys_may_merge(schema):
         return None
     plain = msgspec.json.decode(head)
-    names = zip(type(value).__struct_fields__, type(value).__struct_encode_fields__, strict=True)
-    for name, encoded in reversed(list(names)):  # as merged_key_path walks a struct
+    for name, encoded in reversed(fields(value)):  # as merged_key_path walks a struct
         if encoded not in plain:
             continue
         found = containers.get(encoded)
